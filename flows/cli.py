@@ -1,0 +1,219 @@
+"""The ``nipflow`` command.
+
+``nipflow run`` drives the Prefect flow by default (``--direct`` runs the trainer
+in-process); ``params``, ``status``, ``report`` and ``api-server`` only use nip_core.
+Bad input exits with status 2 and one clear line on stderr, never a traceback or a prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Sequence
+
+from nip_core.errors import NipflowError
+from nip_core.parameters import ParameterError
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit status 2)."""
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs-dir", help="base location of the run store (default ./runs or $NIPFLOW_RUNS_DIR)")
+    p.add_argument("--direct", action="store_true", help="run the trainer in-process, without Prefect")
+    p.add_argument("--no-wandb", action="store_true", help="do not log to Weights & Biases")
+    p.add_argument("--device", default=None, help="torch device for TensorDict trainers (cpu, cuda, cuda:1)")
+    p.add_argument("--progress", choices=["auto", "on", "off"], default="auto")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nipflow", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="start (or continue) an experiment")
+    run.add_argument("scenario", choices=["graph_isomorphism", "code_validation"])
+    run.add_argument("trainer")
+    run.add_argument("--protocol", help="interaction protocol (nip, adp, debate, mnip, merlin_arthur, solo_verifier)")
+    run.add_argument("--dataset")
+    run.add_argument("--params", help="JSON file of hyper-parameters (overridden by the other options)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="dotted override, e.g. rl.num_iterations=50 (repeatable)")
+    run.add_argument("--run-id", help="run id; an existing run with equal params is continued")
+    run.add_argument("--on-params-mismatch", choices=["refuse", "warn", "force"], default="refuse")
+    _add_run_options(run)
+
+    resume = sub.add_parser("resume", help="continue a stopped or crashed run")
+    resume.add_argument("run_id")
+    _add_run_options(resume)
+
+    status = sub.add_parser("status", help="where a run stands")
+    status.add_argument("run_id")
+    status.add_argument("--runs-dir")
+    status.add_argument("--json", action="store_true")
+
+    params = sub.add_parser("params", help="show or validate hyper-parameters")
+    psub = params.add_subparsers(dest="params_command", required=True)
+    show = psub.add_parser("show", help="print the full parameter tree (defaults filled in)")
+    show.add_argument("file", nargs="?")
+    show.add_argument("--scenario")
+    show.add_argument("--trainer")
+    show.add_argument("--protocol")
+    show.add_argument("--set", dest="overrides", action="append", default=[])
+    validate = psub.add_parser("validate", help="validate a JSON parameter file")
+    validate.add_argument("file")
+    validate.add_argument("--set", dest="overrides", action="append", default=[])
+
+    report = sub.add_parser("report", help="plots and a markdown summary of a run or a sweep")
+    report.add_argument("run_id", nargs="+")
+    report.add_argument("--out")
+    report.add_argument("--runs-dir")
+
+    api = sub.add_parser("api-server", help="the local OpenAI-compatible server", add_help=False)
+    api.add_argument("args", nargs=argparse.REMAINDER)
+
+    prefect = sub.add_parser("prefect", help="Prefect set-up (work pools, limits, automations)")
+    prefect_sub = prefect.add_subparsers(dest="prefect_command", required=True)
+    setup = prefect_sub.add_parser("setup")
+    setup.add_argument("--gpus", type=int, default=1, help="size of the 'gpu' tag concurrency limit")
+    return parser
+
+
+def _settings(args, run_id: str | None):
+    from nip_core.settings import ExperimentSettings
+
+    values = {"run_id": run_id}
+    if getattr(args, "runs_dir", None):
+        values["runs_dir"] = args.runs_dir
+    if getattr(args, "no_wandb", False):
+        values["use_wandb"] = False
+    if getattr(args, "device", None):
+        values["device"] = args.device
+    progress = getattr(args, "progress", "auto")
+    values["show_progress"] = None if progress == "auto" else progress == "on"
+    if getattr(args, "on_params_mismatch", None):
+        values["on_params_mismatch"] = args.on_params_mismatch
+    return ExperimentSettings(**values)
+
+
+def cmd_run(args) -> int:
+    from nip_core.experiment import make_params, new_run_id
+    from nip_core.runs import validate_run_id
+
+    params = make_params(args.scenario, args.trainer, protocol=args.protocol, dataset=args.dataset,
+                         params_file=args.params, overrides=args.overrides)
+    run_id = validate_run_id(args.run_id) if args.run_id else new_run_id(params)
+    settings = _settings(args, run_id)
+    return _execute(params, settings, direct=args.direct)
+
+
+def cmd_resume(args) -> int:
+    from nip_core.runs import RunStore
+
+    settings = _settings(args, args.run_id)
+    params = RunStore(settings.runs_dir).load_params(args.run_id)
+    return _execute(params, settings, direct=args.direct)
+
+
+def _execute(params, settings, direct: bool) -> int:
+    if direct:
+        from nip_core.trainers import build_trainer
+
+        trainer = build_trainer(params, settings)
+        print(f"run {settings.run_id}: {trainer.run.location if trainer.run else '(not stored)'}",
+              file=sys.stderr)
+        with trainer.run.lock if trainer.run else _null():
+            try:
+                trainer.train()
+            finally:
+                trainer.close()
+    else:
+        from flows.entry import run_through_prefect
+
+        run_through_prefect(params, settings)
+    print(settings.run_id)
+    return 0
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def cmd_status(args) -> int:
+    from nip_core.runs import RunStore
+    from nip_core.settings import default_runs_dir
+    from nip_core.status import format_status, run_status
+
+    info = run_status(RunStore(args.runs_dir or default_runs_dir()), args.run_id)
+    print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_status(info))
+    return 0
+
+
+def cmd_params(args) -> int:
+    from nip_core.experiment import make_params
+
+    if args.params_command == "validate":
+        params = make_params(params_file=args.file, overrides=args.overrides)
+        print(f"{args.file}: valid (params hash {params.params_hash()})")
+        return 0
+    if not args.file and not (args.scenario and args.trainer):
+        raise UsageError("params show needs a FILE, or --scenario and --trainer")
+    params = make_params(args.scenario, args.trainer, protocol=args.protocol, params_file=args.file,
+                         overrides=args.overrides)
+    print(json.dumps(params.to_dict(), indent=2, sort_keys=True))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from nip_core.logging.report import write_report
+    from nip_core.settings import default_runs_dir
+
+    out = write_report(args.run_id, runs_dir=args.runs_dir or default_runs_dir(), out_dir=args.out)
+    print(out)
+    return 0
+
+
+def cmd_api_server(args) -> int:
+    from nip_core.llm.server.cli import main as api_main
+
+    return api_main(args.args)
+
+
+def cmd_prefect(args) -> int:
+    from flows.setup import setup_prefect
+
+    setup_prefect(gpus=args.gpus)
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "resume": cmd_resume, "status": cmd_status, "params": cmd_params,
+            "report": cmd_report, "api-server": cmd_api_server, "prefect": cmd_prefect}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["api-server"]:
+        return cmd_api_server(argparse.Namespace(args=argv[1:]))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except (ParameterError, NipflowError, UsageError) as e:
+        print(f"nipflow: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nipflow: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

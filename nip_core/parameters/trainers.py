@@ -1,0 +1,108 @@
+"""Trainer parameter groups (``rl``, ``ppo``, ``spg``, ``reinforce``, ``solo_agent``, text RL)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from nip_core.parameters.base import BaseRunPreserve, ParamsModel
+
+
+class RlTrainerParameters(ParamsModel):
+    """Common RL settings; pure-text trainers use ``num_iterations``, ``rollouts_per_iteration``,
+    ``frames_per_batch`` and ``num_test_iterations`` too."""
+
+    frames_per_batch: int | None = Field(1000, gt=0)
+    rollouts_per_iteration: int | None = Field(None, gt=0)
+    steps_per_env_per_iteration: int | None = Field(None, gt=0)
+    num_iterations: int = Field(1000, ge=0)
+    num_epochs: int = Field(4, gt=0)
+    minibatch_size: int = Field(64, gt=0)
+    lr: float = Field(0.003, ge=0.0)
+    anneal_lr: bool = False
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    loss_critic_type: Literal["smooth_l1", "l1", "l2"] = "smooth_l1"
+    clip_value: bool | float = False
+    normalize_observations: bool = True
+    num_normalization_steps: int = Field(1000, gt=0)
+    gamma: float = Field(0.9, ge=0.0, le=1.0)
+    lmbda: float = Field(0.95, ge=0.0, le=1.0)
+    use_shared_body: bool = True
+    num_test_iterations: Annotated[int, BaseRunPreserve("rerun_tests")] = Field(10, ge=0)
+
+
+class CommonPpoParameters(ParamsModel):
+    loss_type: Literal["clip", "kl_penalty"] = "clip"
+    clip_epsilon: float = Field(0.2, gt=0.0)
+    kl_target: float = Field(0.01, gt=0.0)
+    kl_beta: float = Field(1.0, ge=0.0)
+    kl_decrement: float = Field(0.5, gt=0.0)
+    kl_increment: float = Field(2.0, gt=0.0)
+    critic_coef: float = Field(1.0, ge=0.0)
+    entropy_eps: float = Field(0.001, ge=0.0)
+    normalize_advantage: bool = True
+
+
+class VanillaPpoParameters(ParamsModel):
+    """No settings of its own (kept for parity with the original tree)."""
+
+
+class SpgParameters(ParamsModel):
+    variant: Literal["spg", "pspg", "lola", "pola", "sos", "psos"] = "psos"
+    stackelberg_sequence: list[list[str]] | None = None
+    additional_lola_term: bool = True
+    sos_scaling_factor: float = Field(0.5, gt=0.0, le=1.0)
+    sos_threshold_factor: float = Field(0.1, gt=0.0)
+    ihvp_variant: Literal["nystrom"] = "nystrom"
+    ihvp_num_iterations: int = Field(5, gt=0)
+    ihvp_rank: int = Field(5, gt=0)
+    ihvp_rho: float = Field(0.1, gt=0.0)
+
+
+class ReinforceParameters(ParamsModel):
+    use_advantage_and_critic: bool = False
+
+
+class SoloAgentParameters(ParamsModel):
+    num_epochs: int = Field(100, gt=0)
+    batch_size: int = Field(256, gt=0)
+    learning_rate: float = Field(0.001, gt=0.0)
+    body_lr_factor_override: bool = False
+
+
+class TextRlParameters(ParamsModel):
+    fine_tune_on_all_previous_rollouts: bool = False
+    verifier_guess_replacement_proportion: float = Field(0.0, ge=0.0, le=1.0)
+    verifier_guess_replacement_annealing: Literal["none", "linear", "exponential"] = "none"
+    verifier_guess_replacement_annealing_rate: float = Field(0.1, ge=0.0, le=1.0)
+    save_transcripts: bool = True
+    transcript_format: Literal["yaml", "json"] = "yaml"
+    test_scheme: Annotated[Literal["none", "all", "last", "first_and_last"],
+                           BaseRunPreserve("rerun_tests")] = "none"
+    test_on_whole_dataset: Annotated[bool, BaseRunPreserve("rerun_tests")] = True
+
+
+class PureTextEiParameters(ParamsModel):
+    rollout_selection_method: Literal["threshold", "weighted_sampling"] = "threshold"
+    reward_threshold: float = 0.9
+    weighting_sample_size_factor: float = Field(0.5, gt=0.0)
+    weighting_minimum: float | None = None
+    weighting_use_replacement: bool = True
+    weighting_epsilon: float = Field(0.01, ge=0.0)
+
+
+class PureTextMaltParameters(ParamsModel):
+    num_responses_per_timestep: int = Field(2, ge=2)
+
+
+class BaseRunParameters(ParamsModel):
+    base_run_type: Literal["none", "parameters", "rerun_tests"] = "none"
+    run_id: str | None = None
+    rerun_tests_force_test_during_training_state: bool = True
+
+    @model_validator(mode="after")
+    def _needs_run_id(self) -> "BaseRunParameters":
+        if self.base_run_type != "none" and not self.run_id:
+            raise ValueError("run_id is required when base_run_type is not 'none'")
+        return self

@@ -1,0 +1,156 @@
+"""Byte storage under a base location: a local directory or any fsspec URL.
+
+The run store only needs a handful of operations; keeping them behind this small
+interface lets a run live on a shared filesystem or object store (``s3://...``,
+``memory://...``) with the same code. Local writes are durable and atomic (temp
+file, fsync, ``os.replace``); remote writes are atomic where the backend's ``mv`` is.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import tempfile
+import uuid
+from pathlib import Path
+
+import fsspec
+
+
+def is_url(location: str) -> bool:
+    return "://" in str(location) and not str(location).startswith("file://")
+
+
+class Storage:
+    """Files addressed by ``/``-separated relative paths under ``root``."""
+
+    def __init__(self, root: str | Path):
+        root = str(root)
+        if root.startswith("file://"):
+            root = root[len("file://"):]
+        self.root = root
+        self.local = not is_url(root)
+        if self.local:
+            self.root = str(Path(root).absolute())
+            self._fs = None
+        else:
+            self._fs, self._base = fsspec.core.url_to_fs(root)
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def full(self, rel: str) -> str:
+        if self.local:
+            return os.path.join(self.root, *rel.split("/")) if rel else self.root
+        return posixpath.join(self._base, rel) if rel else self._base
+
+    def url(self, rel: str = "") -> str:
+        """A location string that another process can open (path or URL)."""
+        if self.local:
+            return self.full(rel)
+        protocol = self._fs.protocol[0] if isinstance(self._fs.protocol, (tuple, list)) else self._fs.protocol
+        return f"{protocol}://{self.full(rel)}"
+
+    def child(self, rel: str) -> "Storage":
+        return Storage(self.url(rel))
+
+    # -- queries -------------------------------------------------------------------------
+
+    def exists(self, rel: str) -> bool:
+        return os.path.exists(self.full(rel)) if self.local else self._fs.exists(self.full(rel))
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Names (not paths) of the entries of a directory; empty if it does not exist."""
+        full = self.full(rel)
+        if self.local:
+            return sorted(os.listdir(full)) if os.path.isdir(full) else []
+        if not self._fs.exists(full):
+            return []
+        return sorted(posixpath.basename(p.rstrip("/")) for p in self._fs.ls(full, detail=False))
+
+    def makedirs(self, rel: str) -> None:
+        if self.local:
+            os.makedirs(self.full(rel), exist_ok=True)
+        else:
+            self._fs.makedirs(self.full(rel), exist_ok=True)
+
+    # -- reads and writes ----------------------------------------------------------------
+
+    def read_bytes(self, rel: str) -> bytes:
+        """Raises ``FileNotFoundError`` if absent."""
+        if self.local:
+            with open(self.full(rel), "rb") as f:
+                return f.read()
+        with self._fs.open(self.full(rel), "rb") as f:
+            return f.read()
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Atomically replace ``rel`` with ``data`` (readers see old or new, never half)."""
+        full = self.full(rel)
+        if self.local:
+            directory = os.path.dirname(full)
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, full)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                raise
+            return
+        self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
+        tmp = posixpath.join(posixpath.dirname(full), f".tmp-{uuid.uuid4().hex}")
+        with self._fs.open(tmp, "wb") as f:
+            f.write(data)
+        self._fs.mv(tmp, full)
+
+    def append_line(self, rel: str, line: str) -> None:
+        """Append one line (newline added). Local appends are a single ``write`` + fsync."""
+        data = (line.rstrip("\n") + "\n").encode()
+        full = self.full(rel)
+        if self.local:
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return
+        # Object stores have no append: rewrite atomically.
+        old = self.read_bytes(rel) if self.exists(rel) else b""
+        self.write_bytes(rel, old + data)
+
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        """Create ``rel`` only if it does not exist; return whether this call created it."""
+        full = self.full(rel)
+        if self.local:
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            try:
+                fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return True
+        if self._fs.exists(full):
+            return False
+        self.write_bytes(rel, data)
+        return True
+
+    def remove(self, rel: str) -> None:
+        try:
+            if self.local:
+                os.unlink(self.full(rel))
+            else:
+                self._fs.rm(self.full(rel))
+        except FileNotFoundError:
+            pass

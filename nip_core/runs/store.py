@@ -1,0 +1,283 @@
+"""The run store: one directory per ``run_id`` holding everything about a run.
+
+Layout (relative to ``<runs_dir>/<run_id>/``)::
+
+    hyper_params.json   the HyperParameters (canonical JSON)
+    metadata.json       package version, params hash, created/updated, W&B run id ...
+    state.json          the trainer state (written atomically after every stage)
+    run.lock            present while a process drives the run
+    checkpoints/        model/optimiser checkpoints (+ a .json manifest with a sha256 each)
+    rollouts/           sampled rollouts, one file per iteration
+    transcripts/        human-readable transcripts
+    fine_tune/          one record per (iteration, group) fine-tune job
+    metrics.jsonl       one line per iteration (append-only, never duplicated)
+    results/            Prefect result storage of this run's tasks
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from datetime import datetime, timezone
+from importlib import metadata as importlib_metadata
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from nip_core.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    InvalidRunIdError,
+    ParamsMismatchError,
+    RunNotFoundError,
+)
+from nip_core.parameters import HyperParameters, canonical_json, diff_params
+from nip_core.runs.lock import RunLock
+from nip_core.runs.storage import Storage
+from nip_core.settings import ParamsMismatchPolicy
+
+log = logging.getLogger(__name__)
+StateT = TypeVar("StateT", bound=BaseModel)
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+PARAMS_FILE = "hyper_params.json"
+METADATA_FILE = "metadata.json"
+STATE_FILE = "state.json"
+METRICS_FILE = "metrics.jsonl"
+
+
+def package_version() -> str:
+    try:
+        return importlib_metadata.version("nipflow")
+    except importlib_metadata.PackageNotFoundError:
+        return "0.0.0+source"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def validate_run_id(run_id: str) -> str:
+    if not RUN_ID_PATTERN.match(run_id or ""):
+        raise InvalidRunIdError(run_id)
+    return run_id
+
+
+class Run:
+    """An opened run directory. Obtain one with :meth:`RunStore.open_run`."""
+
+    def __init__(self, storage: Storage, run_id: str, params: HyperParameters):
+        self.storage = storage
+        self.run_id = run_id
+        self.params = params
+        self.params_hash = params.params_hash()
+        self.lock = RunLock(storage, run_id)
+
+    @property
+    def location(self) -> str:
+        return self.storage.url()
+
+    # -- JSON ------------------------------------------------------------------------------
+
+    def write_json(self, rel: str, obj: Any) -> None:
+        if isinstance(obj, BaseModel):
+            obj = obj.model_dump(mode="json")
+        self.storage.write_bytes(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+    def read_json(self, rel: str, what: str = "file") -> Any:
+        try:
+            raw = self.storage.read_bytes(rel)
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(self.storage.full(rel), what) from None
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptCheckpointError(self.storage.full(rel), f"invalid JSON ({e})") from None
+
+    def exists(self, rel: str) -> bool:
+        return self.storage.exists(rel)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def save_state(self, state: BaseModel) -> None:
+        """Atomically write ``state.json`` and bump ``metadata.updated``."""
+        self.write_json(STATE_FILE, state)
+        self.update_metadata(updated=_now())
+
+    def has_state(self) -> bool:
+        return self.storage.exists(STATE_FILE)
+
+    def load_state(self, cls: type[StateT]) -> StateT:
+        """Read ``state.json`` into ``cls``.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            If there is no state file.
+        CorruptCheckpointError
+            If it is not valid JSON or does not fit ``cls``.
+        """
+        data = self.read_json(STATE_FILE, "state file")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            first = e.errors(include_url=False)[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise CorruptCheckpointError(self.storage.full(STATE_FILE),
+                                         f"does not match {cls.__name__}: {where}: {first['msg']}") from None
+
+    # -- metadata --------------------------------------------------------------------------
+
+    def metadata(self) -> dict[str, Any]:
+        return self.read_json(METADATA_FILE, "run metadata")
+
+    def update_metadata(self, **fields: Any) -> dict[str, Any]:
+        meta = self.metadata() if self.storage.exists(METADATA_FILE) else {}
+        meta.update(fields)
+        self.write_json(METADATA_FILE, meta)
+        return meta
+
+    # -- binary checkpoints ----------------------------------------------------------------
+
+    def save_checkpoint_bytes(self, name: str, data: bytes, **info: Any) -> None:
+        """Write ``checkpoints/<name>.pt`` and its manifest (sha256, params hash, info).
+
+        The data file is written first and the manifest last, so a crash in between
+        leaves a manifest that does not match and the checkpoint is refused, not reused.
+        """
+        sha = hashlib.sha256(data).hexdigest()
+        self.storage.write_bytes(f"checkpoints/{name}.pt", data)
+        manifest = {"name": name, "sha256": sha, "size": len(data), "params_hash": self.params_hash,
+                    "saved_at": _now(), **info}
+        self.write_json(f"checkpoints/{name}.json", manifest)
+
+    def load_checkpoint_bytes(self, name: str) -> tuple[bytes, dict[str, Any]]:
+        """Read a checkpoint, verifying checksum and params hash."""
+        manifest_rel = f"checkpoints/{name}.json"
+        data_rel = f"checkpoints/{name}.pt"
+        manifest = self.read_json(manifest_rel, "checkpoint manifest")
+        try:
+            data = self.storage.read_bytes(data_rel)
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(self.storage.full(data_rel)) from None
+        if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
+            raise CorruptCheckpointError(self.storage.full(data_rel),
+                                         "sha256 does not match its manifest")
+        if manifest.get("params_hash") != self.params_hash:
+            raise CorruptCheckpointError(
+                self.storage.full(data_rel),
+                f"written for params hash {manifest.get('params_hash')}, run has {self.params_hash}",
+            )
+        return data, manifest
+
+    def list_checkpoints(self) -> list[str]:
+        return [n[:-5] for n in self.storage.listdir("checkpoints") if n.endswith(".json")]
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def logged_metric_steps(self) -> set[int]:
+        return {int(row["iteration"]) for row in self.read_metrics() if "iteration" in row}
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.storage.exists(METRICS_FILE):
+            return []
+        rows = []
+        for line in self.storage.read_bytes(METRICS_FILE).decode().splitlines():
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    log.warning("skipping a torn line in %s", self.storage.full(METRICS_FILE))
+        return rows
+
+    def append_metrics(self, iteration: int, metrics: dict[str, Any], key: str = "iteration") -> bool:
+        """Append one metrics line unless one exists for this iteration (and key kind).
+
+        Returns whether a line was written. Resumed runs therefore never duplicate lines.
+        """
+        existing = {(row.get("kind", "train"), row.get(key)) for row in self.read_metrics()}
+        kind = metrics.get("kind", "train")
+        if (kind, iteration) in existing:
+            return False
+        row = {key: iteration, "kind": kind, **{k: v for k, v in metrics.items() if k != "kind"}}
+        self.storage.append_line(METRICS_FILE, json.dumps(row, sort_keys=True, allow_nan=True))
+        return True
+
+
+class RunStore:
+    """All runs under one base location (``./runs`` by default, or an fsspec URL)."""
+
+    def __init__(self, base: str = "./runs"):
+        self.base = base
+        self.storage = Storage(base)
+
+    def run_storage(self, run_id: str) -> Storage:
+        return self.storage.child(validate_run_id(run_id))
+
+    def exists(self, run_id: str) -> bool:
+        return self.run_storage(run_id).exists(PARAMS_FILE)
+
+    def list_runs(self) -> list[str]:
+        return [n for n in self.storage.listdir("") if self.storage.exists(f"{n}/{PARAMS_FILE}")]
+
+    def load_params(self, run_id: str) -> HyperParameters:
+        storage = self.run_storage(run_id)
+        if not storage.exists(PARAMS_FILE):
+            raise RunNotFoundError(run_id, storage.full(""))
+        try:
+            data = json.loads(storage.read_bytes(PARAMS_FILE))
+        except ValueError as e:
+            raise CorruptCheckpointError(storage.full(PARAMS_FILE), f"invalid JSON ({e})") from None
+        return HyperParameters.from_dict(data, source=storage.full(PARAMS_FILE))
+
+    def open_run(
+        self,
+        run_id: str,
+        params: HyperParameters | None = None,
+        *,
+        on_params_mismatch: ParamsMismatchPolicy = "refuse",
+    ) -> Run:
+        """Create a run, or open an existing one.
+
+        ``params=None`` opens an existing run with its stored parameters (resume).
+        With params given and a run already present, the stored parameters must be
+        equal, unless ``on_params_mismatch`` is ``"warn"`` (log and continue with the new
+        parameters) or ``"force"`` (overwrite silently). Differences are recorded in
+        ``metadata.params_history``.
+        """
+        storage = self.run_storage(run_id)
+        existing = storage.exists(PARAMS_FILE)
+        if params is None:
+            return Run(storage, run_id, self.load_params(run_id))
+        run = Run(storage, run_id, params)
+        if not existing:
+            now = _now()
+            run.write_json(METADATA_FILE, {
+                "run_id": run_id, "package_name": "nipflow", "package_version": package_version(),
+                "params_hash": run.params_hash, "created": now, "updated": now,
+                "scenario": params.scenario, "trainer": params.trainer,
+                "interaction_protocol": params.interaction_protocol,
+            })
+            storage.write_bytes(PARAMS_FILE, (params.to_json() + "\n").encode())
+            return run
+        stored = self.load_params(run_id)
+        differing = diff_params(stored.to_dict(), params.to_dict())
+        if differing:
+            if on_params_mismatch == "refuse":
+                raise ParamsMismatchError(run_id, differing, storage.full(PARAMS_FILE))
+            if on_params_mismatch == "warn":
+                log.warning("run %s: hyper-parameters differ from the stored ones in %s; continuing "
+                            "with the new ones", run_id, ", ".join(differing))
+            meta = run.metadata()
+            history = meta.get("params_history", [])
+            history.append({"at": _now(), "previous_hash": stored.params_hash(),
+                            "fields": differing, "policy": on_params_mismatch})
+            storage.write_bytes(PARAMS_FILE, (params.to_json() + "\n").encode())
+            run.update_metadata(params_hash=run.params_hash, params_history=history)
+        return run
+
+
+def canonical_params_json(params: HyperParameters) -> str:
+    return canonical_json(params.to_dict())

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Run the whole test suite hermetically: no W&B network, no Prefect profile of the user,
+# one torch thread per process.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+export WANDB_MODE=offline WANDB_SILENT=true RL_WARNINGS=0 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_LOGGING_LEVEL=WARNING
+unset PREFECT_API_URL OPENAI_BASE_URL OPENAI_API_KEY
+set +e
+.venv/bin/python -m pytest -q --timeout=900 "$@"
+rc=$?
+set -e
+# pytest's exit code 5 means no test was collected: that is a failure here.
+exit $rc
