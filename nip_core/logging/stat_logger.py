@@ -23,6 +23,9 @@ class StatLogger:
     def log(self, stats: dict[str, Any], step: int | None = None, kind: str = "train") -> None:
         raise NotImplementedError
 
+    def log_artifact(self, name: str, artifact_type: str, paths: list[str]) -> None:
+        """Record files as a versioned artifact (W&B); other loggers ignore it."""
+
     def close(self) -> None:
         pass
 
@@ -52,6 +55,10 @@ class CompositeStatLogger(StatLogger):
     def log(self, stats, step=None, kind="train") -> None:
         for lg in self.loggers:
             lg.log(stats, step=step, kind=kind)
+
+    def log_artifact(self, name, artifact_type, paths) -> None:
+        for lg in self.loggers:
+            lg.log_artifact(name, artifact_type, paths)
 
     def close(self) -> None:
         for lg in self.loggers:

@@ -1,0 +1,80 @@
+"""Read back an offline W&B run file (``run-<id>.wandb``) without a W&B server.
+
+The file is a LevelDB-style log: a 7-byte header (``:W&B``, a 2-byte magic, a version
+byte), then 32 KiB blocks of records ``crc32 (4) | length (2, LE) | type (1) | data``,
+where type 1 is a whole record and 2/3/4 the first/middle/last piece of a record split
+across blocks. Each whole record is a protobuf ``wandb_internal_pb2.Record``. Used by the
+tests (and ``nipflow status``) to check what a run logged.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+from typing import Any, Iterator
+
+BLOCK = 32 * 1024
+HEADER = 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def iter_raw_records(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path}: not a W&B run file")
+    pos = HEADER
+    pending = b""
+    while pos + 7 <= len(data):
+        block_left = BLOCK - (pos % BLOCK)
+        if block_left < 7:  # trailer padding
+            pos += block_left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:  # zero padding at the end of a block
+            pos += block_left
+            continue
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == FULL:
+            yield chunk
+        elif kind == FIRST:
+            pending = chunk
+        elif kind == MIDDLE:
+            pending += chunk
+        elif kind == LAST:
+            yield pending + chunk
+            pending = b""
+
+
+def read_offline_run(run_file: str) -> dict[str, Any]:
+    """Summarise one offline run file: run id, config, and the history rows."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    out: dict[str, Any] = {"run_id": None, "config": {}, "history": []}
+    for raw in iter_raw_records(run_file):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            out["run_id"] = record.run.run_id
+            for item in record.run.config.update:
+                out["config"][item.key] = json.loads(item.value_json)
+        elif kind == "config":
+            for item in record.config.update:
+                out["config"][item.key] = json.loads(item.value_json)
+        elif kind == "history":
+            row = {}
+            for item in record.history.item:
+                key = item.key or "/".join(item.nested_key)
+                row[key] = json.loads(item.value_json)
+            out["history"].append(row)
+    return out
+
+
+def read_offline_runs(wandb_dir: str) -> list[dict[str, Any]]:
+    """Every offline run file under ``wandb_dir`` (oldest first)."""
+    pattern = os.path.join(wandb_dir, "**", "offline-run-*", "run-*.wandb")
+    return [read_offline_run(p) | {"file": p} for p in sorted(glob.glob(pattern, recursive=True))]
