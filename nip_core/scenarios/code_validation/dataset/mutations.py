@@ -129,7 +129,9 @@ def _compare_flip(node: ast.AST, parent: ast.AST | None, src: SourceText) -> lis
     return edits
 
 
-def _shift_edits(node: ast.AST, field: str, expr: ast.AST, what: str, src: SourceText, index: int | None = None) -> list[Edit]:
+def _shift_edits(
+    node: ast.AST, field: str, expr: ast.AST, what: str, src: SourceText, index: int | None = None
+) -> list[Edit]:
     """Edits replacing ``node.field`` (or ``node.field[index]``) by ``expr ± 1``."""
     edits = []
     for delta in (+1, -1):
@@ -159,6 +161,16 @@ def _range_off_by_one(node: ast.AST, parent: ast.AST | None, src: SourceText) ->
     return edits
 
 
+def _via_slice(apply: Callable[[ast.AST], ast.AST]) -> Callable[[ast.AST], ast.AST]:
+    """Lift an edit of a Slice node to its Subscript (the node the walk visits)."""
+
+    def lifted(n: ast.AST) -> ast.AST:
+        apply(n.slice)
+        return n
+
+    return lifted
+
+
 def _index_off_by_one(node: ast.AST, parent: ast.AST | None, src: SourceText) -> list[Edit]:
     if not isinstance(node, ast.Subscript) or not isinstance(node.ctx, ast.Load):
         return []
@@ -169,11 +181,7 @@ def _index_off_by_one(node: ast.AST, parent: ast.AST | None, src: SourceText) ->
             bound = getattr(slc, field)
             if bound is not None:
                 edits += _shift_edits(slc, field, bound, "slice bound", src)
-        # The edit applies to the Slice node, which sits one level below.
-        return [
-            Edit(lambda n, e=e: (e.apply(n.slice), n)[1], e.patches, e.description)
-            for e in edits
-        ]
+        return [Edit(_via_slice(e.apply), e.patches, e.description) for e in edits]
     if isinstance(slc, ast.Tuple) or (isinstance(slc, ast.Constant) and int_value(slc) is None):
         return []  # multi-dimensional or dictionary-by-literal look-ups are not indices
     return _shift_edits(node, "slice", slc, "index", src)
@@ -189,7 +197,8 @@ def _constant_off_by_one(node: ast.AST, parent: ast.AST | None, src: SourceText)
     edits = []
     for delta in (+1, -1):
         new_value = node.value + delta
-        if new_value < 0:
+        # `x - 0`, `x * 0` or `x % 0` are not slips anyone makes
+        if new_value < 0 or (new_value == 0 and isinstance(parent, ast.BinOp)):
             continue
         apply = lambda n, v=new_value: ast.Constant(v)  # noqa: E731
         description = f"line {_line(node)}: constant `{node.value}` changed to `{new_value}`"
@@ -205,6 +214,7 @@ _ARITH_SWAPS: dict[type, tuple[type, str, str]] = {
     ast.FloorDiv: (ast.Mod, r"//", "%"),
     ast.Mod: (ast.FloorDiv, r"%", "//"),
 }
+_OP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
 
 
 def _arithmetic_swap(node: ast.AST, parent: ast.AST | None, src: SourceText) -> list[Edit]:
@@ -224,9 +234,6 @@ def _arithmetic_swap(node: ast.AST, parent: ast.AST | None, src: SourceText) -> 
     return _edit(_set_attr("op", new_cls), [patch], description)
 
 
-_OP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
-
-
 def _boolean_swap(node: ast.AST, parent: ast.AST | None, src: SourceText) -> list[Edit]:
     if not isinstance(node, ast.BoolOp):
         return []
@@ -243,7 +250,8 @@ def _min_max_swap(node: ast.AST, parent: ast.AST | None, src: SourceText) -> lis
     old = node.func.id
     new = "max" if old == "min" else "min"
     apply = _set_attr("func", lambda: ast.Name(id=new, ctx=ast.Load()))
-    return _edit(apply, [src.replace_node(node.func, new)], f"line {_line(node)}: `{old}(...)` changed to `{new}(...)`")
+    description = f"line {_line(node)}: `{old}(...)` changed to `{new}(...)`"
+    return _edit(apply, [src.replace_node(node.func, new)], description)
 
 
 def _drop_else(node: ast.AST, parent: ast.AST | None, src: SourceText) -> list[Edit]:
@@ -254,22 +262,31 @@ def _drop_else(node: ast.AST, parent: ast.AST | None, src: SourceText) -> list[E
     if isinstance(first, ast.If) and src.line(first.lineno).lstrip().startswith("elif"):
         return []
     else_line = next(
-        (k for k in range(first.lineno, node.body[-1].end_lineno, -1) if src.line(k).lstrip().startswith("else")),
+        (
+            k
+            for k in range(first.lineno, node.body[-1].end_lineno, -1)
+            if src.line(k).lstrip().startswith("else")
+        ),
         None,
     )
     if else_line is None or src.line(else_line).lstrip()[4:].lstrip()[:1] != ":":
         return []
     last = node.orelse[-1].end_lineno
-    patch = Patch(src.line_start(else_line), src.line_start(last + 1) if last < len(src.code.split("\n")) else len(src.code), "")
-    return _edit(_set_attr("orelse", list), [patch], f"line {else_line}: `else` branch of the `if` on line {_line(node)} removed")
+    end = src.line_start(last + 1) if last < src.num_lines else len(src.code)
+    patch = Patch(src.line_start(else_line), end, "")
+    description = f"line {else_line}: `else` branch of the `if` on line {_line(node)} removed"
+    return _edit(_set_attr("orelse", list), [patch], description)
 
 
 def _break_continue_swap(node: ast.AST, parent: ast.AST | None, src: SourceText) -> list[Edit]:
+    if not isinstance(node, (ast.Break, ast.Continue)):
+        return []
     if isinstance(node, ast.Break):
-        return _edit(lambda n: ast.Continue(), [src.replace_node(node, "continue")], f"line {_line(node)}: `break` changed to `continue`")
-    if isinstance(node, ast.Continue):
-        return _edit(lambda n: ast.Break(), [src.replace_node(node, "break")], f"line {_line(node)}: `continue` changed to `break`")
-    return []
+        old, new, new_cls = "break", "continue", ast.Continue
+    else:
+        old, new, new_cls = "continue", "break", ast.Break
+    description = f"line {_line(node)}: `{old}` changed to `{new}`"
+    return _edit(lambda n: new_cls(), [src.replace_node(node, new)], description)
 
 
 def _early_return_value(node: ast.AST, parent: ast.AST | None, src: SourceText) -> list[Edit]:
@@ -286,14 +303,19 @@ def _early_return_value(node: ast.AST, parent: ast.AST | None, src: SourceText) 
         return []
     edits = []
     for new_value in new_values:
-        factory = (lambda v=new_value: ast.Constant(v)) if isinstance(new_value, bool) else (lambda v=new_value: int_node(v))
+        if isinstance(new_value, bool):
+            factory = lambda v=new_value: ast.Constant(v)  # noqa: E731
+        else:
+            factory = lambda v=new_value: int_node(v)  # noqa: E731
         description = f"line {_line(node)}: early `return {src.text(value)}` changed to `return {new_value}`"
         edits += _edit(_set_attr("value", factory), [src.replace_node(value, str(new_value))], description)
     return edits
 
 
 def _wrong_initial_value(node: ast.AST, parent: ast.AST | None, src: SourceText) -> list[Edit]:
-    if not isinstance(node, ast.Assign) or len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name):
+    if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+        return []
+    if not isinstance(node.targets[0], ast.Name):
         return []
     value = int_value(node.value)
     if value is None:
@@ -330,7 +352,8 @@ def _sort_order_flip(node: ast.AST, parent: ast.AST | None, src: SourceText) -> 
         return []  # adding reverse=True to list.sort() is rarely a slip
     close = src.end(node) - 1
     patch = Patch(close, close, ", reverse=True" if args else "reverse=True")
-    apply = _set_attr("keywords", lambda: [*node.keywords, ast.keyword(arg="reverse", value=ast.Constant(True))])
+    reverse_true = ast.keyword(arg="reverse", value=ast.Constant(True))
+    apply = _set_attr("keywords", lambda: [*node.keywords, reverse_true])
     return _edit(apply, [patch], f"line {_line(node)}: sort order reversed (`reverse=True` added)")
 
 

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "CheckResult",
@@ -47,12 +47,14 @@ ExecutionStatus = Literal["ok", "error", "timeout"]
 _BOOTSTRAP = r"""
 import resource, sys
 cpu_s, as_bytes, fsize_bytes, nproc = (int(v) for v in sys.argv[1:5])
-def _limit(kind, value):
+def _limit(kind, value, hard=None):
     try:
-        resource.setrlimit(kind, (value, value))
+        resource.setrlimit(kind, (value, value if hard is None else hard))
     except (ValueError, OSError):
         pass  # not settable here; the wall-clock timeout still applies
-_limit(resource.RLIMIT_CPU, cpu_s)
+# soft < hard: the soft limit delivers SIGXCPU (reported as a timeout); at an equal
+# hard limit Linux sends SIGKILL instead
+_limit(resource.RLIMIT_CPU, cpu_s, cpu_s + 1)
 _limit(resource.RLIMIT_AS, as_bytes)
 _limit(resource.RLIMIT_FSIZE, fsize_bytes)
 _limit(resource.RLIMIT_CORE, 0)
@@ -85,6 +87,11 @@ class ResourceLimits(BaseModel):
     max_processes : int
         ``RLIMIT_NPROC``; ``0`` forbids forking. Ignored by the kernel for root. A
         negative value leaves the limit unchanged.
+    cpu_seconds : int, optional
+        ``RLIMIT_CPU``. Default: ``int(timeout_s) + 2``, a back-stop behind the
+        wall-clock timeout. Setting it below the wall-clock timeout makes the limit
+        independent of machine load (CPU time does not grow while a process waits
+        for a core), which the dataset builder relies on for reproducibility.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -92,6 +99,7 @@ class ResourceLimits(BaseModel):
     address_space_bytes: int = 512 * 1024 * 1024
     output_bytes: int = 8 * 1024 * 1024
     max_processes: int = 0
+    cpu_seconds: int | None = Field(default=None, ge=1)
 
 
 class TestCase(BaseModel):
@@ -110,13 +118,14 @@ class ExecutionResult(BaseModel):
     Attributes
     ----------
     status : {"ok", "error", "timeout"}
-        ``"ok"``: exited with code 0; ``"error"``: non-zero exit or killed by a signal
-        (exceptions, ``MemoryError``, CPU or output limit); ``"timeout"``: wall-clock
-        limit reached and the process group was killed.
+        ``"ok"``: exited with code 0; ``"timeout"``: the wall-clock limit was reached
+        (the process group was killed) or the CPU-time limit was (``SIGXCPU``);
+        ``"error"``: any other non-zero exit or signal (exceptions, ``MemoryError``,
+        output limit).
     stdout, stderr : str
         Captured output (stderr truncated to its last 4,000 characters).
     returncode : int | None
-        Exit code; negative for a signal; ``None`` on timeout.
+        Exit code; negative for a signal; ``None`` on a wall-clock timeout.
     duration_s : float
         Wall-clock time of the run.
     """
@@ -132,7 +141,7 @@ class CheckResult(BaseModel):
     """Aggregate outcome of a solution on a list of test cases.
 
     ``outcomes[i]`` is ``"pass"``, ``"fail"`` (ran, wrong output), ``"error"`` or
-    ``"timeout"`` for test case ``i``.
+    ``"timeout"`` for test case ``i``; ``max_duration_s`` is the longest run.
     """
 
     passed: int
@@ -140,6 +149,7 @@ class CheckResult(BaseModel):
     errors: int
     timeouts: int
     outcomes: list[Literal["pass", "fail", "error", "timeout"]]
+    max_duration_s: float = 0.0
 
     @property
     def total(self) -> int:
@@ -209,10 +219,10 @@ def run_solution(
     stdin : str
         Text fed to the program's standard input.
     timeout_s : float
-        Wall-clock limit; the CPU-time limit is set to ``ceil(timeout_s) + 1``
-        seconds as a back-stop.
+        Wall-clock limit.
     limits : ResourceLimits, optional
-        Memory, output and process limits (defaults: 512 MiB, 8 MiB, no forking).
+        Memory, output, process and CPU-time limits (defaults: 512 MiB, 8 MiB, no
+        forking, ``int(timeout_s) + 2`` CPU seconds).
 
     Returns
     -------
@@ -220,7 +230,7 @@ def run_solution(
         The status, captured output, exit code and duration.
     """
     limits = limits or ResourceLimits()
-    cpu_s = int(timeout_s) + 2
+    cpu_s = limits.cpu_seconds or int(timeout_s) + 2
     with tempfile.TemporaryDirectory(prefix="nipflow-cv-run-") as workdir:
         with open(os.path.join(workdir, "solution.py"), "w", encoding="utf-8") as f:
             f.write(code)
@@ -259,7 +269,7 @@ def run_solution(
         duration = time.monotonic() - start
         stdout = _read_text(stdout_path, limits.output_bytes)
         stderr = _read_text(stderr_path, 1 << 20)[-_STDERR_KEEP_CHARS:]
-    if returncode is None:
+    if returncode is None or returncode == -signal.SIGXCPU:
         status: ExecutionStatus = "timeout"
     elif returncode == 0:
         status = "ok"
@@ -308,23 +318,25 @@ def check_solution(
     """
     cases = [t if isinstance(t, TestCase) else TestCase(input=t[0], output=t[1]) for t in tests]
 
-    def _one(case: TestCase) -> str:
+    def _one(case: TestCase) -> tuple[str, float]:
         result = run_solution(code, case.input, timeout_s, limits=limits)
         if result.status != "ok":
-            return result.status
+            return result.status, result.duration_s
         same = normalise_output(result.stdout) == normalise_output(case.output)
-        return "pass" if same else "fail"
+        return ("pass" if same else "fail"), result.duration_s
 
     workers = max_workers or _default_workers()
     if workers == 1 or len(cases) <= 1:
-        outcomes = [_one(c) for c in cases]
+        runs = [_one(c) for c in cases]
     else:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            outcomes = list(pool.map(_one, cases))
+            runs = list(pool.map(_one, cases))
+    outcomes = [outcome for outcome, _ in runs]
     return CheckResult(
         passed=outcomes.count("pass"),
         failed=outcomes.count("fail"),
         errors=outcomes.count("error"),
         timeouts=outcomes.count("timeout"),
         outcomes=outcomes,
+        max_duration_s=max((d for _, d in runs), default=0.0),
     )

@@ -55,6 +55,9 @@ _ADDITIVE_SAFE = (
 )
 
 
+_LOOSE_BINOPS = (ast.BitOr, ast.BitAnd, ast.BitXor, ast.LShift, ast.RShift)
+
+
 def shift_node(expr: ast.AST, delta: int) -> ast.AST:
     """``expr + delta`` as a programmer would write it, folding literals.
 
@@ -95,6 +98,11 @@ class SourceText:
         line = self._lines[lineno - 1]
         col = len(line.encode("utf-8")[:col_byte].decode("utf-8", errors="ignore"))
         return self._starts[lineno - 1] + col
+
+    @property
+    def num_lines(self) -> int:
+        """Number of lines (a trailing newline starts an empty last line)."""
+        return len(self._lines)
 
     def line_start(self, lineno: int) -> int:
         """Offset of the first character of a (1-based) line."""
@@ -151,9 +159,10 @@ class SourceText:
                     return []
                 return [op, self.replace_node(expr.right, str(abs(total)))]
         text = self.text(expr)
-        if not isinstance(expr, _ADDITIVE_SAFE) and not (
-            isinstance(expr, ast.BinOp) and not isinstance(expr.op, (ast.BitOr, ast.BitAnd, ast.BitXor, ast.LShift, ast.RShift))
-        ):
+        # `expr + 1` must still parse as (expr) + 1: bitwise operators, comparisons,
+        # boolean operators, conditionals and lambdas bind more loosely than `+`
+        arithmetic = isinstance(expr, ast.BinOp) and not isinstance(expr.op, _LOOSE_BINOPS)
+        if not isinstance(expr, _ADDITIVE_SAFE) and not arithmetic:
             text = f"({text})"
         sign = "+" if delta > 0 else "-"
         return [self.replace_node(expr, f"{text} {sign} {abs(delta)}")]

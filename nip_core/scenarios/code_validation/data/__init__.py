@@ -1,0 +1,1 @@
+"""Shipped data of the code-validation scenario (a package so that setuptools ships the files)."""

@@ -1,0 +1,1 @@
+"""YAML problem bank (a package so that setuptools ships the files)."""
