@@ -71,7 +71,9 @@ def to_dense_adj(
     if bool((edge_counts < 0).any()):
         raise ValueError("slices must be non-decreasing")
     if num_graphs and int(sizes.max()) > max_nodes:
-        raise ValueError(f"max_nodes={max_nodes} is below the largest graph size {int(sizes.max())}")
+        raise ValueError(
+            f"max_nodes={max_nodes} is below the largest graph size {int(sizes.max())}"
+        )
 
     adjacency = torch.zeros(num_graphs, max_nodes, max_nodes, dtype=torch.int32)
     if num_edges == 0:

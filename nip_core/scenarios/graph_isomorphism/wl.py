@@ -23,10 +23,14 @@ The original ``wl_score`` labelled a node by the product of ``primes[label]`` ov
 ``int64``. That is not the Weisfeiler–Lehman test:
 
 * the modular reduction maps different neighbourhood multisets to the same label
-  (collisions), and the graph hash overflows ``int64`` for any graph of more than a
-  handful of nodes (labels index primes up to ``2**24``, so a product of 7 of them
-  exceeds ``2**63``), so wrapped products of different histograms can coincide; either
-  makes distinguishable pairs look WL-equivalent, or shifts their score;
+  (collisions), and the graph hash, a product of one prime per node, overflows
+  ``int64`` as soon as a few of the primes are large, so wrapped products of different
+  histograms can coincide; either makes distinguishable pairs look WL-equivalent, or
+  shifts their score;
+* the reduced labels (up to ``2**24 - 2``) index the table of the about 1.08 million
+  primes below ``2**24``: from the second iteration on most of them are out of range
+  (an ``IndexError`` on CPU), so that code cannot score pairs beyond iteration 1 as
+  written;
 * the label uses the multiset of the closed neighbourhood, which forgets which element
   was the node's own colour, so its colourings need not refine the previous ones.
 
@@ -52,8 +56,9 @@ __all__ = ["wl_scores", "wl_score", "NOT_DISTINGUISHED"]
 #: Score of a pair whose colour histograms never differ within ``max_iterations``.
 NOT_DISTINGUISHED = -1
 
-# Pairs refined together by the general loop; bounds its temporary arrays to tens of MB.
-_REFINE_CHUNK = 8192
+# Node-colour cells (pairs x n x n) refined together by the general loop: bounds its
+# temporary (pairs, 2, n, colours) count table to about 64 MB.
+_REFINE_CELLS = 2_000_000
 
 
 def wl_scores(
@@ -121,11 +126,11 @@ def wl_scores(
     for iteration in range(2, max_iterations + 1):
         if active.size == 0:
             break
-        # Chunks bound the memory of the (nodes x colours) count table.
         new_colours = np.empty_like(colours)
         new_num = np.empty(active.size, dtype=np.int64)
-        for start in range(0, active.size, _REFINE_CHUNK):
-            chunk = slice(start, start + _REFINE_CHUNK)
+        chunk_pairs = max(1, _REFINE_CELLS // (n * n))
+        for start in range(0, active.size, chunk_pairs):
+            chunk = slice(start, start + chunk_pairs)
             new_colours[chunk], new_num[chunk] = _refine(
                 adjacency[active[chunk]], colours[chunk], node_mask[active[chunk]]
             )

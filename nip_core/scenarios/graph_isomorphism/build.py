@@ -1,0 +1,74 @@
+"""Builder of the graph-isomorphism scenario (registered as ``"graph_isomorphism"``).
+
+Builds, in order: the protocol handler, the train/test datasets, the combined agents
+(parts chosen by trainer type, ``nip_spec.md`` §4 table) and, for RL trainers, the
+train and test environments. Tests and benchmarks may inject ready-made datasets or a
+protocol handler through keyword arguments.
+"""
+
+from __future__ import annotations
+
+from nip_core.scenarios.graph_isomorphism.agents import build_combined_agents
+from nip_core.scenarios.graph_isomorphism.environment import GraphIsomorphismEnvironment
+from nip_core.scenarios.registry import ScenarioInstance, register_scenario
+
+#: trainers that train a critic (``reinforce`` only with ``use_advantage_and_critic``)
+CRITIC_TRAINERS = {"vanilla_ppo", "spg"}
+
+
+def trainer_uses_critic(hyper_params) -> bool:
+    if hyper_params.trainer == "reinforce":
+        return hyper_params.reinforce.use_advantage_and_critic
+    return hyper_params.trainer in CRITIC_TRAINERS
+
+
+def load_datasets(hyper_params, settings):
+    """``(train, test)`` ``GraphIsomorphismDataset``s named ``hyper_params.dataset``."""
+    from nip_core.scenarios.graph_isomorphism.dataset import GraphIsomorphismDataset
+
+    options = hyper_params.dataset_options
+    train = GraphIsomorphismDataset.from_name(hyper_params.dataset, "train", data_dir=settings.data_dir,
+                                              max_size=options.max_train_size)
+    test = GraphIsomorphismDataset.from_name(hyper_params.dataset, "test", data_dir=settings.data_dir,
+                                             max_size=options.max_test_size)
+    return train, test
+
+
+@register_scenario("graph_isomorphism")
+def build_graph_isomorphism(hyper_params, settings, *, trainer_type: str = "rl", train_dataset=None,
+                            test_dataset=None, protocol_handler=None) -> ScenarioInstance:
+    """Build every component of a graph-isomorphism experiment.
+
+    Parameters
+    ----------
+    hyper_params, settings
+        The experiment.
+    trainer_type
+        ``"rl"`` (environments, policy/value heads) or ``"solo_agent"`` (solo heads only).
+    train_dataset, test_dataset, protocol_handler
+        Ready-made components to use instead of building them.
+    """
+    if protocol_handler is None:
+        from nip_core.protocols import build_protocol_handler
+
+        protocol_handler = build_protocol_handler(hyper_params)
+    if train_dataset is None or test_dataset is None:
+        train_dataset, test_dataset = load_datasets(hyper_params, settings)
+    max_nodes = int(train_dataset.max_nodes)
+    use_critic = trainer_uses_critic(hyper_params)
+    agents = build_combined_agents(hyper_params, protocol_handler, max_nodes, trainer_type=trainer_type,
+                                   use_critic=use_critic)
+    instance = ScenarioInstance(train_dataset=train_dataset, test_dataset=test_dataset,
+                                protocol_handler=protocol_handler,
+                                agents={name: name for name in protocol_handler.agent_names})
+    instance.extras["combined_agents"] = agents
+    instance.extras["use_critic"] = use_critic
+    if trainer_type == "rl":
+        # Test datasets may be smaller than a batch; the env cycles over them anyway.
+        instance.train_environment = GraphIsomorphismEnvironment(hyper_params, train_dataset, protocol_handler,
+                                                                 seed=hyper_params.seed, device=settings.device)
+        instance.test_environment = GraphIsomorphismEnvironment(hyper_params, test_dataset, protocol_handler,
+                                                                seed=hyper_params.seed + 1, device=settings.device)
+        instance.combined_policy_head = agents
+        instance.combined_value_head = agents if use_critic else None
+    return instance

@@ -1,0 +1,1 @@
+"""Loss modules of the TensorDict RL trainers and their maths (GAE set-up, Nyström IHVP)."""

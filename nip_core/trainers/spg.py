@@ -1,0 +1,18 @@
+"""``spg``: Stackelberg policy gradient and its variants (``nip_spec.md`` §5.4)."""
+
+from __future__ import annotations
+
+from nip_core.trainers.objectives.common import make_gae
+from nip_core.trainers.objectives.spg import SpgLoss
+from nip_core.trainers.registry import register_trainer
+from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
+
+
+@register_trainer("spg")
+class SpgTrainer(TensorDictRlTrainer):
+    """PPO-style training whose actor gradients are shaped by the Stackelberg structure."""
+
+    def _get_loss_module_and_gae(self):
+        loss = SpgLoss(self.agents, self.hyper_params, self.message_key,
+                       self.protocol_handler.stackelberg_sequence, use_critic=self.use_critic)
+        return loss, make_gae(self.hyper_params)

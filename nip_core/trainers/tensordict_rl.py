@@ -1,0 +1,353 @@
+"""TensorDict trainers: the TorchRL training loop, resumable by iteration (``nip_spec.md`` §5.2).
+
+One iteration = collect a batch of ``frames_per_batch`` steps (``num_envs`` parallel
+episodes x ``steps_per_env`` steps, auto-reset) → GAE per agent → ``num_epochs`` passes of
+minibatches from a replay buffer → loss → Adam step (with gradient clipping, optional lr
+annealing, per-agent update schedules) → log stats.
+
+Resumability (a fix of QUIRK 22): :meth:`TensorDictRlTrainer.run_iterations` restores the
+latest checkpoint of the run store and checkpoints at the end of the range (and every
+``settings.checkpoint_every`` iterations). A checkpoint holds the model, the optimiser,
+the loss module's state (e.g. adaptive KL coefficients), the observation normaliser, every
+RNG (torch, numpy, python, the environments' generators and data positions) and the
+carried-over episode state of the training environment, so a resumed run produces the
+same batches and the same parameters as an uninterrupted one.
+
+Other choices, documented:
+
+* Collection uses :func:`nip_core.environments.rollouts.collect_batch` (TorchRL's
+  ``step_and_maybe_reset`` loop) instead of ``torchrl.collectors.Collector``, whose
+  carried-over episode tensordict is private: saving it is what makes resumes exact.
+  Episodes therefore straddle iterations exactly as with the collector.
+* Observation normalisation (``rl.normalize_observations``): one scalar mean/std per key
+  (``x``, ``message``) from random-action steps of the training environment, applied to
+  the training *and* test environments through TorchRL ``ObservationNorm`` transforms
+  (the original estimated the test statistics separately).
+* A frozen agent (update schedule inactive) keeps its optimiser groups, but its gradients
+  are dropped before the step, so Adam leaves its parameters and moments untouched.
+* Losses are plain modules with declared ``in_keys``/``out_keys`` (see
+  :mod:`nip_core.trainers.objectives`), because the per-agent joint distribution
+  (several categorical heads per agent) does not fit TorchRL's ``ClipPPOLoss``.
+* Training and testing use the MATH attention kernel (the one with double backward,
+  needed by SPG's Hessian rows), as the original did on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import random
+import re
+from abc import abstractmethod
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data.replay_buffers.samplers import SamplerWithoutReplacement
+
+from nip_core.agents.operators import PolicyOperator, ValueOperator
+from nip_core.environments.episode_stats import episode_stats
+from nip_core.environments.rollouts import collect_batch, normalized_env, random_observation_stats
+from nip_core.errors import CheckpointNotFoundError
+from nip_core.scenarios.registry import build_scenario_instance
+from nip_core.trainers.base import Trainer, set_global_seed
+from nip_core.trainers.progress import attach_progress_bar
+
+CHECKPOINT_PATTERN = re.compile(r"^iter_(\d{6,})$")
+
+
+@contextlib.contextmanager
+def _quiet_torchrl():
+    """Hide torchrl's INFO line about every storage it initialises."""
+    logger = logging.getLogger("torchrl")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"iter_{iteration:06d}"
+
+
+class TensorDictTrainer(Trainer):
+    """A trainer of local torch agents on a TensorDict scenario.
+
+    Parameters
+    ----------
+    hyper_params, settings, run, hooks, stat_logger
+        As :class:`~nip_core.trainers.base.Trainer`.
+    scenario_instance
+        Ready-made scenario components (tests inject small ones); built from the
+        scenario registry when omitted.
+    """
+
+    def __init__(self, hyper_params, settings=None, run=None, hooks=None, stat_logger=None,
+                 scenario_instance=None):
+        super().__init__(hyper_params, settings, run=run, hooks=hooks, stat_logger=stat_logger)
+        set_global_seed(hyper_params.seed)
+        if scenario_instance is None:
+            scenario_instance = build_scenario_instance(hyper_params, self.settings,
+                                                        trainer_type=self.trainer_type)
+        self.scenario = scenario_instance
+        self.protocol_handler = scenario_instance.protocol_handler
+        self.agents: nn.Module = scenario_instance.extras["combined_agents"].to(self.settings.device)
+        self.agent_names = list(self.protocol_handler.agent_names)
+        self.verifier_index = self.agent_names.index(self.protocol_handler.verifier_names[0])
+
+    def get_rng_states(self) -> dict[str, Any]:
+        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+    def set_rng_states(self, states: dict[str, Any]) -> None:
+        torch.set_rng_state(states["torch"])
+        np.random.set_state(states["numpy"])
+        random.setstate(states["python"])
+
+
+class TensorDictRlTrainer(TensorDictTrainer):
+    """The TorchRL loop; subclasses provide the loss (:meth:`_get_loss_module_and_gae`)."""
+
+    trainer_type = "rl"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        hp = self.hyper_params
+        self.use_critic = bool(self.scenario.extras.get("use_critic", True))
+        base_train_env = self.scenario.train_environment
+        base_test_env = self.scenario.test_environment
+        self.message_key = base_train_env.main_message_out_key
+        self.steps_per_env = base_train_env.steps_per_env
+        self.frames_per_batch = base_train_env.frames_per_batch
+        if hp.rl.normalize_observations:
+            steps = 10 if self.settings.test_run else hp.rl.num_normalization_steps
+            # A few random steps of the (batched) env give plenty of frames; cap the count
+            # so that initialisation stays cheap for large batches.
+            steps = max(1, min(steps, max(1, 20_000 // base_train_env.num_envs)))
+            stats = random_observation_stats(base_train_env, steps)
+            self.train_env = normalized_env(base_train_env, stats)
+            self.test_env = normalized_env(base_test_env, stats)
+        else:
+            self.train_env, self.test_env = base_train_env, base_test_env
+        self.policy_operator = PolicyOperator(self.agents, self.message_key, in_keys=[])
+        self.value_operator = ValueOperator(self.agents, in_keys=[]) if self.use_critic else None
+        self.loss_module, self.value_estimator = self._get_loss_module_and_gae()
+        self.agent_groups = self.agents.parameter_groups(hp.rl.lr)
+        all_groups = [g for groups in self.agent_groups.values() for g in groups]
+        for group in all_groups:
+            group["initial_lr"] = group["lr"]
+        self.optimizer = torch.optim.Adam(all_groups, eps=1e-5) if all_groups else None
+        # Start of the episode state carried across iterations (reset once, deterministic).
+        set_global_seed(hp.seed)
+        self._carried_td = self.train_env.reset()
+        self._memory_iteration = 0
+
+    # -- subclass hooks ---------------------------------------------------------------------
+
+    @abstractmethod
+    def _get_loss_module_and_gae(self):
+        """``(loss_module, value_estimator)``; the estimator may be ``None`` (no critic)."""
+
+    # -- checkpointing -----------------------------------------------------------------------
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything needed to continue training exactly from the current iteration."""
+        return {
+            "iteration": self._memory_iteration,
+            "agents": self.agents.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "loss_module": self.loss_module.state_dict(),
+            "train_transform": self._transform_state(self.train_env),
+            "test_transform": self._transform_state(self.test_env),
+            "rng": self.get_rng_states(),
+            "train_env_rng": self._base_env(self.train_env).get_rng_state(),
+            "test_env_rng": self._base_env(self.test_env).get_rng_state(),
+            "carried_td": self._carried_td.clone(),
+        }
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.agents.load_state_dict(state["agents"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.loss_module.load_state_dict(state["loss_module"])
+        self._load_transform_state(self.train_env, state["train_transform"])
+        self._load_transform_state(self.test_env, state["test_transform"])
+        self.set_rng_states(state["rng"])
+        self._base_env(self.train_env).set_rng_state(state["train_env_rng"])
+        self._base_env(self.test_env).set_rng_state(state["test_env_rng"])
+        self._carried_td = state["carried_td"]
+        self._memory_iteration = int(state["iteration"])
+
+    @staticmethod
+    def _base_env(env):
+        return getattr(env, "base_env", env)
+
+    @staticmethod
+    def _transform_state(env):
+        transform = getattr(env, "transform", None)
+        return transform.state_dict() if transform is not None else None
+
+    @staticmethod
+    def _load_transform_state(env, state) -> None:
+        transform = getattr(env, "transform", None)
+        if transform is not None and state is not None:
+            transform.load_state_dict(state)
+
+    def save_checkpoint(self) -> None:
+        """Write ``iter_{n:06d}`` to the run store and the trainer state (no-op without a run)."""
+        if self.run is None or self.settings.test_run:
+            return
+        buffer = io.BytesIO()
+        torch.save(self.checkpoint_state(), buffer)
+        self.run.save_checkpoint_bytes(checkpoint_name(self._memory_iteration), buffer.getvalue(),
+                                       iteration=self._memory_iteration)
+        self.state.iteration = self._memory_iteration
+        self.save_state()
+
+    def latest_checkpoint_iteration(self) -> int | None:
+        if self.run is None:
+            return None
+        iterations = [int(m.group(1)) for n in self.run.list_checkpoints() if (m := CHECKPOINT_PATTERN.match(n))]
+        return max(iterations) if iterations else None
+
+    def restore_latest_checkpoint(self) -> bool:
+        """Load the newest checkpoint if it is ahead of memory; raises on a corrupt one."""
+        latest = self.latest_checkpoint_iteration()
+        if latest is None or latest <= self._memory_iteration:
+            return False
+        data, _ = self.run.load_checkpoint_bytes(checkpoint_name(latest))
+        state = torch.load(io.BytesIO(data), weights_only=False)
+        self.load_checkpoint_state(state)
+        return True
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def train(self) -> None:
+        """Train for ``rl.num_iterations`` iterations (resuming), then run the test loop."""
+        self.run_iterations(self.state.iteration, self.hyper_params.rl.num_iterations)
+        if self.hyper_params.rl.num_test_iterations > 0:
+            self.test()
+
+    def run_iterations(self, start: int, stop: int) -> None:
+        """Train iterations ``[start, stop)``, restoring the latest checkpoint first.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            If ``start > 0`` and neither memory nor the run store is at iteration ``start``.
+        """
+        self.restore_latest_checkpoint()
+        if self._memory_iteration < start:
+            raise CheckpointNotFoundError(
+                f"{self.run.location if self.run else '<no run>'}/checkpoints/{checkpoint_name(start)}",
+                f"checkpoint for iteration {start}")
+        every = self.settings.checkpoint_every
+        self._train_loop(stop, every)
+        self.save_checkpoint()
+
+    @attach_progress_bar(lambda self: self.hyper_params.rl.num_iterations, "train")
+    def _train_loop(self, stop: int, every: int, iteration_context=None) -> None:
+        if iteration_context is not None and iteration_context.count < self._memory_iteration:
+            iteration_context.step(self._memory_iteration - iteration_context.count)
+        while self._memory_iteration < stop:
+            stats = self._train_iteration(self._memory_iteration)
+            self._memory_iteration += 1
+            self.log_stats(stats, self._memory_iteration - 1)
+            if iteration_context is not None:
+                iteration_context.step()
+            if every and self._memory_iteration % every == 0 and self._memory_iteration < stop:
+                self.save_checkpoint()
+
+    def _train_iteration(self, iteration: int) -> dict[str, float]:
+        # The MATH attention kernel is the one with double backward (SPG's Hessian rows);
+        # using it everywhere also keeps collection and training numerically consistent.
+        with sdpa_kernel(SDPBackend.MATH):
+            return self._train_iteration_inner(iteration)
+
+    def _train_iteration_inner(self, iteration: int) -> dict[str, float]:
+        hp = self.hyper_params
+        self.agents.train()
+        if hp.rl.anneal_lr and self.optimizer is not None:
+            fraction = 1.0 - iteration / max(hp.rl.num_iterations, 1)
+            for group in self.optimizer.param_groups:
+                group["lr"] = fraction * group["initial_lr"]
+        active = {name: hp.agent_params(name).update_schedule.is_active(iteration) for name in self.agent_names}
+        with torch.no_grad():
+            batch, self._carried_td = collect_batch(self.train_env, self.policy_operator, self._carried_td,
+                                                    self.steps_per_env)
+            self._add_values_and_advantages(batch)
+        stats = episode_stats(batch, self.agent_names, self.verifier_index)
+        loss_stats = self._train_on_batch(batch.reshape(-1), active)
+        stats.update(loss_stats)
+        return stats
+
+    def _add_values_and_advantages(self, batch) -> None:
+        if self.value_estimator is None:
+            return
+        B, T = batch.batch_size
+        values = self.agents.value(batch.reshape(-1))
+        values = values.reshape(B, T, *values.shape[1:])
+        # The observation after step t is the one of step t+1 unless the episode ended at
+        # t; every end is terminal (no bootstrap), so only the last step needs the critic.
+        next_values = torch.empty_like(values)
+        next_values[:, :-1] = values[:, 1:]
+        next_values[:, -1] = self.agents.value(batch["next"][:, -1])
+        batch.set(("agents", "value"), values)
+        batch.set(("next", "agents", "value"), next_values)
+        self.value_estimator(batch)
+
+    def _train_on_batch(self, flat_batch, active: dict[str, bool]) -> dict[str, float]:
+        hp = self.hyper_params
+        minibatch_size = min(hp.rl.minibatch_size, flat_batch.numel())
+        # A fresh buffer per iteration: no sampler state leaks across iterations, so a
+        # resumed run samples exactly the minibatches of an uninterrupted one.
+        with _quiet_torchrl():
+            buffer = ReplayBuffer(storage=LazyTensorStorage(flat_batch.numel()),
+                                  sampler=SamplerWithoutReplacement(drop_last=True), batch_size=minibatch_size)
+            buffer.extend(flat_batch)
+        num_steps = hp.rl.num_epochs * (flat_batch.numel() // minibatch_size)
+        if self.settings.test_run:
+            num_steps = 1
+        frozen_params = [p for name, groups in self.agent_groups.items() if not active[name]
+                         for g in groups for p in g["params"]]
+        all_params = [p for g in (self.optimizer.param_groups if self.optimizer else []) for p in g["params"]]
+        totals: dict[str, float] = {}
+        for _ in range(num_steps):
+            minibatch = buffer.sample()
+            losses = self.loss_module(minibatch)
+            for key, value in losses.items(include_nested=True, leaves_only=True):
+                name = ".".join(key) if isinstance(key, tuple) else key
+                totals[name] = totals.get(name, 0.0) + float(value.detach().sum())
+            if self.optimizer is None or all(not a for a in active.values()):
+                continue
+            self.loss_module.backward(losses)
+            for p in frozen_params:
+                p.grad = None  # Adam skips parameters without gradient: the agent is frozen
+            torch.nn.utils.clip_grad_norm_(all_params, hp.rl.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return {k: v / max(num_steps, 1) for k, v in totals.items()}
+
+    # -- testing -------------------------------------------------------------------------------
+
+    @attach_progress_bar(lambda self: self.hyper_params.rl.num_test_iterations, "test")
+    def test(self, iteration_context=None) -> dict[str, float]:
+        """Collect ``rl.num_test_iterations`` batches without training; log ``test_`` stats."""
+        self.agents.eval()
+        batches = []
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            td = self.test_env.reset()
+            for _ in range(self.hyper_params.rl.num_test_iterations):
+                batch, td = collect_batch(self.test_env, self.policy_operator, td, self.steps_per_env)
+                batches.append(batch)
+                if iteration_context is not None:
+                    iteration_context.step()
+        self.agents.train()
+        stats = episode_stats(torch.cat(batches, dim=1), self.agent_names, self.verifier_index, prefix="test_")
+        self.log_stats(stats, self._memory_iteration, kind="test")
+        return stats

@@ -1,0 +1,20 @@
+"""``vanilla_ppo``: independent PPO for every agent (clip or KL-penalty loss), ``nip_spec.md`` §5.4."""
+
+from __future__ import annotations
+
+from nip_core.trainers.objectives.common import make_gae
+from nip_core.trainers.objectives.ppo import ClipPpoLoss, KlPenaltyPpoLoss
+from nip_core.trainers.registry import register_trainer
+from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
+
+PPO_LOSSES = {"clip": ClipPpoLoss, "kl_penalty": KlPenaltyPpoLoss}
+
+
+@register_trainer("vanilla_ppo")
+class VanillaPpoTrainer(TensorDictRlTrainer):
+    """PPO with a separate critic per agent (IPPO); ``ppo.loss_type`` picks the loss."""
+
+    def _get_loss_module_and_gae(self):
+        loss_class = PPO_LOSSES[self.hyper_params.ppo.loss_type]
+        loss = loss_class(self.agents, self.hyper_params, self.message_key, use_critic=self.use_critic)
+        return loss, make_gae(self.hyper_params)

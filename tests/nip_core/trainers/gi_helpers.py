@@ -1,0 +1,31 @@
+"""Helpers of the TensorDict trainer tests: tiny GI experiments on in-memory datasets."""
+
+from __future__ import annotations
+
+from nip_core.parameters import HyperParameters
+from nip_core.parameters.agents import GraphIsomorphismAgentParameters
+from nip_core.scenarios.graph_isomorphism.build import build_graph_isomorphism
+from nip_core.settings import ExperimentSettings
+from tests.nip_core.environments.standins import RandomGraphDataset
+
+TINY = GraphIsomorphismAgentParameters.construct_test_params().model_dump()
+
+
+def tiny_params(trainer="vanilla_ppo", agents=None, **overrides) -> HyperParameters:
+    rl = dict(frames_per_batch=32, num_iterations=6, minibatch_size=16, num_epochs=2, num_test_iterations=1,
+              num_normalization_steps=5)
+    rl.update(overrides.pop("rl", {}))
+    return HyperParameters(scenario="graph_isomorphism", trainer=trainer, dataset="test", d_representation=4,
+                           agents=agents or {"_default": TINY}, rl=rl,
+                           nip_protocol=dict(max_message_rounds=4), **overrides)
+
+
+def settings_for(tmp_path, **kw) -> ExperimentSettings:
+    return ExperimentSettings(use_wandb=False, runs_dir=str(tmp_path), data_dir=str(tmp_path / "data"),
+                              show_progress=False, **kw)
+
+
+def tiny_scenario(hp, settings, trainer_type="rl", n=24):
+    return build_graph_isomorphism(hp, settings, trainer_type=trainer_type,
+                                   train_dataset=RandomGraphDataset(n=n, max_nodes=6, min_nodes=4, seed=0),
+                                   test_dataset=RandomGraphDataset(n=n, max_nodes=6, min_nodes=4, seed=1))
