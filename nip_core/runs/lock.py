@@ -17,23 +17,9 @@ from datetime import datetime, timezone
 
 from nip_core.errors import RunLockedError
 from nip_core.runs.storage import Storage
+from nip_core.utils.fileio import pid_alive
 
 LOCK_FILE = "run.lock"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still "exists"; treat it as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return True
 
 
 class RunLock:
@@ -56,7 +42,7 @@ class RunLock:
     def _is_stale(self, holder: dict) -> bool:
         if holder.get("host") == socket.gethostname():
             pid = int(holder.get("pid", -1))
-            return pid != os.getpid() and (pid <= 0 or not _pid_alive(pid))
+            return pid != os.getpid() and (pid <= 0 or not pid_alive(pid))
         return False
 
     def acquire(self, timeout_s: float = 0.0, poll_s: float = 0.2) -> None:

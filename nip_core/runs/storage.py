@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 import posixpath
-import tempfile
 import uuid
 from pathlib import Path
 
 import fsspec
+
+from nip_core.utils.fileio import atomic_write_bytes
 
 
 def is_url(location: str) -> bool:
@@ -87,21 +88,7 @@ class Storage:
         """Atomically replace ``rel`` with ``data`` (readers see old or new, never half)."""
         full = self.full(rel)
         if self.local:
-            directory = os.path.dirname(full)
-            os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, full)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
-                raise
+            atomic_write_bytes(full, data)
             return
         self._fs.makedirs(posixpath.dirname(full), exist_ok=True)
         tmp = posixpath.join(posixpath.dirname(full), f".tmp-{uuid.uuid4().hex}")

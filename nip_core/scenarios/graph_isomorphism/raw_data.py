@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import io
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from nip_core.utils.fileio import atomic_write_bytes
 
 from nip_core.scenarios.graph_isomorphism.graph_utils import dense_to_sparse
 
@@ -114,19 +115,7 @@ def save_raw(data: dict[str, Any], path: str | os.PathLike) -> None:
     buffer = io.BytesIO()
     torch.save(data, buffer)
     payload = buffer.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Like mkstemp, but with the usual 0o666 & ~umask permissions: the cache is shared.
-    temp_name = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
-    fd = os.open(temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        temp_name.unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, payload)
 
 
 def load_raw(path: str | os.PathLike) -> dict[str, Any]:

@@ -26,12 +26,13 @@ import json
 import logging
 import os
 import random
-import tempfile
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
+
+from nip_core.utils.fileio import atomic_write_bytes
 
 from .mutations import MUTATION_OPERATORS, Mutant, generate_mutants
 from .problems import ProblemBankError, ProblemSpec, load_problems, render_question
@@ -338,20 +339,6 @@ def serialise_items(items: list[CodeValidationDatapoint]) -> bytes:
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; shipped data must be readable
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_dataset(result: BuildResult, out_dir: str | Path = DATA_DIR) -> tuple[Path, Path]:
     """Write the JSONL file and its manifest atomically.
 
@@ -372,6 +359,6 @@ def write_dataset(result: BuildResult, out_dir: str | Path = DATA_DIR) -> tuple[
     manifest = dict(result.manifest, sha256=hashlib.sha256(data).hexdigest())
     dataset_path = out_dir / DATASET_FILENAME
     manifest_path = out_dir / MANIFEST_FILENAME
-    _atomic_write(dataset_path, data)
-    _atomic_write(manifest_path, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    atomic_write_bytes(dataset_path, data)
+    atomic_write_bytes(manifest_path, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     return dataset_path, manifest_path
