@@ -1,0 +1,1 @@
+"""Prefect flows of nipflow (and the ``nipflow`` command in ``flows.cli``)."""

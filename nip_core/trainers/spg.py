@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from torch.nn.attention import SDPBackend
+
 from nip_core.trainers.objectives.common import make_gae
 from nip_core.trainers.objectives.spg import SpgLoss
 from nip_core.trainers.registry import register_trainer
@@ -11,6 +13,9 @@ from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
 @register_trainer("spg")
 class SpgTrainer(TensorDictRlTrainer):
     """PPO-style training whose actor gradients are shaped by the Stackelberg structure."""
+
+    # Hessian rows need double backward, which only the MATH attention kernel supports.
+    attention_backends = [SDPBackend.MATH]
 
     def _get_loss_module_and_gae(self):
         loss = SpgLoss(self.agents, self.hyper_params, self.message_key,

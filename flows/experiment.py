@@ -1,0 +1,124 @@
+"""``train_experiment``: the entry flow of every deployment and of ``nipflow run``.
+
+It validates the parameters into ``HyperParameters``, opens (or resumes) the run in the
+run store, builds the trainer with :class:`~flows.observability.PrefectHooks`, and
+dispatches on the trainer's interface:
+
+* a pure-text trainer (``run_stage``/``next_stage``) runs the stage machine of
+  :mod:`flows.pure_text` in this flow run (a fine-tune wait may suspend it, which Prefect
+  only allows for a top-level flow run, hence no subflow);
+* a TensorDict trainer (``run_iterations``) runs the GPU-tagged blocks of
+  :mod:`flows.tensordict`;
+* any other trainer runs ``train()`` as a single task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+
+from flows.parameters import ExperimentParameters, RunSpec
+from nip_core.parameters import HyperParameters
+from nip_core.settings import ExperimentSettings
+
+# Trainers built in this process, by (run_id, params_hash): local subflows reuse them.
+_LIVE_TRAINERS: dict[tuple[str, str], Any] = {}
+
+
+def build_flow_trainer(hyper_params: HyperParameters, settings: ExperimentSettings):
+    """Build the trainer for a flow, with Prefect artifact hooks, opening its run."""
+    from flows.observability import PrefectHooks
+    from nip_core.trainers import build_trainer
+
+    hooks = PrefectHooks(settings.run_id or "run", getattr(hyper_params.rl, "num_iterations", 1))
+    return build_trainer(hyper_params, settings, hooks=hooks)
+
+
+def remember_trainer(trainer: Any) -> None:
+    _LIVE_TRAINERS[(trainer.run.run_id, trainer.run.params_hash)] = trainer
+
+
+def forget_trainer(spec: RunSpec) -> None:
+    """Drop this process's live trainer of ``spec``'s run (the next use builds a fresh one)."""
+    _LIVE_TRAINERS.pop((spec.settings.get("run_id"), spec.hyper_params().params_hash()), None)
+
+
+def trainer_from_spec(spec: RunSpec):
+    """The live trainer of this process for ``spec``'s run, or a newly built one."""
+    hyper_params, settings = spec.hyper_params(), spec.experiment_settings()
+    live = _LIVE_TRAINERS.get((settings.run_id, hyper_params.params_hash()))
+    if live is not None:
+        return live
+    trainer = build_flow_trainer(hyper_params, settings)
+    remember_trainer(trainer)
+    return trainer
+
+
+def current_flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return flow_run.id
+
+
+def open_trainer(parameters: ExperimentParameters):
+    hyper_params = parameters.hyper_params()
+    settings = parameters.settings(hyper_params, current_flow_run_id())
+    if parameters.warm_start_from:
+        from flows.retrain import apply_warm_start
+
+        trainer = build_flow_trainer(hyper_params, settings)
+        apply_warm_start(trainer.run, parameters.warm_start_from, settings.runs_dir)
+        return trainer
+    return build_flow_trainer(hyper_params, settings)
+
+
+def trainer_kind(trainer: Any) -> str:
+    """``"pure_text"``, ``"tensordict"`` or ``"plain"`` according to the trainer's methods."""
+    if callable(getattr(trainer, "run_stage", None)) and callable(getattr(trainer, "next_stage", None)):
+        return "pure_text"
+    if callable(getattr(trainer, "run_iterations", None)):
+        return "tensordict"
+    return "plain"
+
+
+@task(name="train", task_run_name="train[{run_id}]")
+def train_whole(trainer: Any, run_id: str) -> dict[str, Any]:
+    """A trainer without stages or blocks: ``train()`` in one task."""
+    trainer.train()
+    return {"run_id": run_id, "iteration": int(trainer.state.iteration)}
+
+
+def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any]:
+    """Dispatch ``trainer`` to the flow logic of its kind (inside a flow run)."""
+    kind = trainer_kind(trainer)
+    get_run_logger().info("run %s (%s, %s trainer): run store %s", trainer.run.run_id,
+                          trainer.hyper_params.trainer, kind, trainer.run.location)
+    if kind == "pure_text":
+        from flows.pure_text import run_pure_text
+
+        return run_pure_text(trainer, parameters.wait_mode)
+    if kind == "tensordict":
+        from flows.tensordict import run_tensordict
+
+        return run_tensordict(trainer, parameters.block_size)
+    from flows.observability import write_summary
+
+    result = train_whole(trainer, trainer.run.run_id)
+    write_summary(trainer)
+    return result
+
+
+@flow(name="train_experiment", persist_result=True)
+def train_experiment(parameters: ExperimentParameters) -> dict[str, Any]:
+    """Train one experiment (new or resumed) described by ``parameters``."""
+    trainer = open_trainer(parameters)
+    try:
+        result = run_trainer(trainer, parameters)
+        from flows.retrain import experiment_name, mark_completed
+
+        mark_completed(trainer.run, experiment_name(parameters))
+    finally:
+        trainer.close()
+    return {**result, "params_hash": trainer.run.params_hash, "trainer": trainer.hyper_params.trainer,
+            "scenario": trainer.hyper_params.scenario}

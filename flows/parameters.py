@@ -1,0 +1,97 @@
+"""Typed flow parameters, so that the Prefect UI shows a form for each deployment."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nip_core.experiment import DEFAULT_DATASETS, new_run_id
+from nip_core.parameters import HyperParameters, apply_overrides
+from nip_core.runs import validate_run_id
+from nip_core.settings import ExperimentSettings
+
+WaitMode = Literal["auto", "poll", "suspend"]
+
+
+class ExperimentParameters(BaseModel):
+    """What a user fills in to start (or continue) an experiment from the Prefect UI.
+
+    ``params`` is a full or partial ``HyperParameters`` tree; the scenario, trainer,
+    protocol and dataset fields and then each ``overrides`` entry (``rl.num_iterations=50``)
+    take precedence over it, as on the command line.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    scenario: Optional[Literal["graph_isomorphism", "code_validation"]] = None
+    trainer: Optional[str] = Field(None, description="vanilla_ppo, spg, reinforce, solo_agent, pure_text_ei, pure_text_malt")
+    protocol: Optional[str] = Field(None, description="nip, adp, debate, mnip, merlin_arthur, solo_verifier")
+    dataset: Optional[str] = None
+    params: dict[str, Any] = Field(default_factory=dict, description="HyperParameters as JSON (optional)")
+    overrides: list[str] = Field(default_factory=list, description="dotted overrides KEY=VALUE")
+    run_id: Optional[str] = Field(None, description="continue this run (a new id is made when empty)")
+    runs_dir: Optional[str] = Field(None, description="run store location: a path or an fsspec URL")
+    device: str = "cpu"
+    use_wandb: bool = False
+    block_size: int = Field(10, gt=0, description="TensorDict trainers: iterations per GPU block")
+    wait_mode: WaitMode = Field("auto", description="fine-tune waits: poll in-process, or suspend the "
+                                                    "flow run (auto: suspend when deployed)")
+    on_params_mismatch: Literal["refuse", "warn", "force"] = "refuse"
+    warm_start_from: Optional[str] = Field(None, description="run id whose final models to start from")
+    settings_overrides: dict[str, Any] = Field(default_factory=dict, description="other ExperimentSettings fields "
+                                               "(data_dir, openai_base_url, fine_tune_poll_interval_s ...)")
+
+    def hyper_params(self) -> HyperParameters:
+        """Validate and build the ``HyperParameters`` (raises ``ParameterError``)."""
+        data = json.loads(json.dumps(self.params))
+        for field, key in (("scenario", "scenario"), ("trainer", "trainer"),
+                           ("protocol", "interaction_protocol"), ("dataset", "dataset")):
+            if getattr(self, field):
+                data[key] = getattr(self, field)
+        if "dataset" not in data and data.get("scenario") in DEFAULT_DATASETS:
+            data["dataset"] = DEFAULT_DATASETS[data["scenario"]]
+        return HyperParameters.from_dict(apply_overrides(data, self.overrides), source="flow parameters")
+
+    def settings(self, hyper_params: HyperParameters, flow_run_id: Optional[str] = None) -> ExperimentSettings:
+        """The run-time settings; without ``run_id`` the run id derives from ``flow_run_id``.
+
+        A flow run keeps its id when it is resumed after a suspension or rescheduled
+        after a crash, so the derived run id (and all its cached work) stays the same.
+        """
+        if self.run_id:
+            run_id = validate_run_id(self.run_id)
+        elif flow_run_id:
+            run_id = (f"{hyper_params.scenario[:2]}-{hyper_params.trainer}-{hyper_params.interaction_protocol}"
+                      f"-{str(flow_run_id).replace('-', '')[:12]}")
+        else:
+            run_id = new_run_id(hyper_params)
+        values: dict[str, Any] = {
+            "run_id": run_id,
+            "device": self.device, "use_wandb": self.use_wandb,
+            "on_params_mismatch": self.on_params_mismatch, "show_progress": False,
+        }
+        if self.run_id is None and "run_id" in self.settings_overrides:
+            values["run_id"] = validate_run_id(self.settings_overrides["run_id"])
+        if self.runs_dir:
+            values["runs_dir"] = self.runs_dir
+        values.update(self.settings_overrides)
+        return ExperimentSettings(**values)
+
+
+class RunSpec(BaseModel):
+    """Everything a child flow run (maybe on another machine) needs to open a run."""
+
+    params: dict[str, Any]
+    settings: dict[str, Any]
+
+    @classmethod
+    def of(cls, hyper_params: HyperParameters, settings: ExperimentSettings) -> "RunSpec":
+        return cls(params=hyper_params.to_dict(), settings=settings.model_dump(mode="json"))
+
+    def hyper_params(self) -> HyperParameters:
+        return HyperParameters.from_dict(self.params, source="run spec")
+
+    def experiment_settings(self) -> ExperimentSettings:
+        return ExperimentSettings(**self.settings)

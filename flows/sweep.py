@@ -1,0 +1,88 @@
+"""``sweep``: a grid over parameters, one child flow run per point, and a summary table.
+
+Deployed, the points are started through ``run_deployment`` without waiting, so any
+worker serving the pool picks them up (two workers run two points at once); the sweep
+then polls until all are final. Locally, the points run one after another as subflows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any, Literal, Optional
+
+from prefect import flow, get_run_logger
+
+from flows.observability import artifact_key
+from flows.parameters import ExperimentParameters
+from nip_core.runs import RunStore
+from nip_core.settings import default_runs_dir
+
+POINT_DEPLOYMENT = "train_experiment/sweep-point"
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """All combinations of ``grid`` (dotted parameter path -> values), in a stable order.
+
+    >>> grid_points({"seed": [1, 2], "rl.num_iterations": [5]})
+    [{'rl.num_iterations': 5, 'seed': 1}, {'rl.num_iterations': 5, 'seed': 2}]
+    """
+    keys = sorted(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def point_parameters(base: ExperimentParameters, sweep_id: str, index: int,
+                     point: dict[str, Any]) -> ExperimentParameters:
+    overrides = list(base.overrides) + [f"{k}={json.dumps(v)}" for k, v in point.items()]
+    return base.model_copy(update={"overrides": overrides, "run_id": f"{sweep_id}-{index:03d}"})
+
+
+def _final_metrics(runs_dir: str, run_id: str) -> dict[str, Any]:
+    store = RunStore(runs_dir)
+    if not store.exists(run_id):
+        return {}
+    rows = store.open_run(run_id).read_metrics()
+    tests = [r for r in rows if r.get("kind") == "test"] or rows
+    return {k: v for k, v in (tests[-1] if tests else {}).items() if k not in ("kind",)}
+
+
+@flow(name="sweep", persist_result=True)
+def sweep(base: ExperimentParameters, grid: dict[str, list[Any]], sweep_id: str,
+          dispatch: Literal["auto", "subflow", "deployment"] = "auto",
+          deployment_name: Optional[str] = None) -> list[dict[str, Any]]:
+    """Train every point of ``grid`` on top of ``base``; return one summary row per point."""
+    from prefect.artifacts import create_table_artifact
+    from prefect.runtime import deployment
+
+    from flows.experiment import train_experiment
+
+    log = get_run_logger()
+    points = grid_points(grid)
+    deployed = dispatch == "deployment" or (dispatch == "auto" and deployment.id is not None)
+    children = [point_parameters(base, sweep_id, i, p) for i, p in enumerate(points)]
+    states: dict[str, str] = {}
+    if deployed:
+        from prefect.client.orchestration import get_client
+        from prefect.deployments import run_deployment
+
+        started = {c.run_id: run_deployment(deployment_name or POINT_DEPLOYMENT,
+                                            parameters={"parameters": c.model_dump(mode="json")},
+                                            timeout=0) for c in children}
+        with get_client(sync_client=True) as client:
+            while True:
+                runs = {rid: client.read_flow_run(fr.id) for rid, fr in started.items()}
+                if all(r.state and r.state.is_final() for r in runs.values()):
+                    break
+                time.sleep(5)
+        states = {rid: r.state.name for rid, r in runs.items()}
+    else:
+        for c in children:
+            states[c.run_id] = train_experiment(c, return_state=True).name
+    runs_dir = base.runs_dir or default_runs_dir()
+    rows = [{"run_id": c.run_id, **p, "state": states[c.run_id], **_final_metrics(runs_dir, c.run_id)}
+            for c, p in zip(children, points)]
+    create_table_artifact(table=rows, key=artifact_key(sweep_id, "sweep"), description=f"sweep {sweep_id}")
+    log.info("sweep %s: %d points, %d completed", sweep_id, len(rows),
+             sum(r["state"] == "Completed" for r in rows))
+    return rows

@@ -1,0 +1,121 @@
+"""Where a run's Prefect results and locks live, and the cache policy of run-keyed tasks.
+
+Every task of a run persists its result inside the run store (``<run>/results``) and is
+keyed by ``(run_id, params_hash, <position>)`` rather than by the flow run, so that a
+*new* flow run for the same run_id finds the results of the previous one and does not
+execute completed work again. Keys are computed from the run, never from the raw inputs
+(``INPUTS`` alone would collide across tasks, and a trainer object cannot be hashed).
+Transactions are SERIALIZABLE with file locks next to the results, so two processes that
+race on the same key execute it once; the second one waits and reads the first's result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from prefect.cache_policies import CachePolicy
+from prefect.transactions import IsolationLevel
+
+from tasks.locks import StaleAwareLockManager
+
+RESULTS_DIR = "results"
+LOCKS_DIR = "locks"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
+
+
+class ResultStorageError(RuntimeError):
+    """The run's result storage cannot be set up (names the location)."""
+
+
+def run_cache_key(run_id: str, params_hash: str, *parts: Any) -> str:
+    """The result file name of one unit of work of a run.
+
+    Dots are replaced: Prefect's lock files are named ``Path(key).with_suffix(".lock")``,
+    which would cut a dotted key short and make keys collide.
+
+    >>> run_cache_key("r1.a", "abc", "it3", "log_stats")
+    'r1_a--abc--it3--log_stats'
+    """
+    return "--".join(_UNSAFE.sub("_", str(p)) for p in (run_id, params_hash, *parts))
+
+
+def _run_of(trainer: Any):
+    run = getattr(trainer, "run", None)
+    if run is None:
+        raise ResultStorageError(
+            f"{type(trainer).__name__} has no run: Prefect tasks need a run in the run store "
+            "(set settings.run_id and do not use test_run)")
+    return run
+
+
+def result_storage_for(run: Any):
+    """Result storage inside the run directory.
+
+    A local run store gives a ``pathlib.Path`` (Prefect reads it as a local file system
+    without any server-side block). An fsspec URL gives a saved ``RemoteFileSystem``
+    block named after the URL, so that workers on other machines read the same results.
+    """
+    location = run.storage.url(RESULTS_DIR)
+    if run.storage.local:
+        return Path(location)
+    from prefect.filesystems import RemoteFileSystem
+
+    name = "nipflow-results-" + hashlib.sha1(location.encode()).hexdigest()[:12]
+    try:
+        return RemoteFileSystem.load(name)
+    except ValueError:
+        block = RemoteFileSystem(basepath=location)
+        try:
+            block.save(name, overwrite=True)
+        except Exception as e:  # noqa: BLE001 - re-raised with the location
+            raise ResultStorageError(f"cannot register result storage block for {location}: {e}") from e
+        return block
+
+
+def lock_dir_for(run: Any) -> Path:
+    """Lock files for the run's transactions.
+
+    Local run stores keep them in ``<run>/locks``. For a URL run store they live in the
+    local Prefect home: file locks only exclude processes on one host, which is what
+    Prefect's file lock manager offers (cross-host exclusion comes from the idempotent
+    stage functions and the ``gpu`` concurrency limit).
+    """
+    if run.storage.local:
+        return Path(run.storage.full(LOCKS_DIR))
+    from prefect.settings import PREFECT_HOME
+
+    return Path(PREFECT_HOME.value()) / "nipflow-locks" / run.run_id
+
+
+@dataclass
+class RunKeyPolicy(CachePolicy):
+    """Cache key ``(run_id, params_hash, *key_fn(inputs))`` of a task taking ``trainer``.
+
+    ``key_fn`` maps the task's inputs to the position parts (for example
+    ``("it3", "log_stats")``); the run and params hash come from ``inputs["trainer"]``.
+    """
+
+    key_fn: Optional[Callable[[dict[str, Any]], tuple]] = None
+
+    def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any],
+                    **kwargs: Any) -> Optional[str]:
+        run = _run_of(inputs["trainer"])
+        parts = self.key_fn(inputs) if self.key_fn else ()
+        return run_cache_key(run.run_id, run.params_hash, *parts)
+
+
+def task_options_for(trainer: Any, key_fn: Callable[[dict[str, Any]], tuple]) -> dict[str, Any]:
+    """``Task.with_options`` arguments that make a task resumable and race-safe for a run."""
+    run = _run_of(trainer)
+    lock_dir = lock_dir_for(run)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    policy = RunKeyPolicy(key_fn=key_fn).configure(
+        isolation_level=IsolationLevel.SERIALIZABLE,
+        lock_manager=StaleAwareLockManager(lock_files_directory=lock_dir),
+    )
+    return dict(cache_policy=policy, persist_result=True, result_storage=result_storage_for(run),
+                result_serializer="json")

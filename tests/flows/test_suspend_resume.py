@@ -1,0 +1,66 @@
+"""Deployed fine-tune wait: the run suspends (no process left), the watcher resumes it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+def _execute_flow_run(flow_run_id, env) -> int:
+    """Run a flow run the way a process worker does (``python -m prefect.engine``)."""
+    proc = subprocess.run([sys.executable, "-m", "prefect.engine"], cwd=REPO,
+                          env={**env, "PREFECT__FLOW_RUN_ID": str(flow_run_id)},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+    return proc.returncode, proc.stdout.decode()[-3000:]
+
+
+def _state(flow_run_id):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state
+
+
+@pytest.mark.e2e
+def test_suspended_run_is_resumed_by_the_watcher(fakes, tmp_path, subprocess_env, monkeypatch):
+    from prefect.deployments import run_deployment
+    from prefect.flows import load_flow_from_entrypoint
+
+    from flows.parameters import ExperimentParameters
+    from flows.watcher import fine_tune_watcher
+
+    flow = load_flow_from_entrypoint(str(HERE / "fake_entry.py") + ":train_experiment")
+    deployment = flow.to_deployment(name="suspend-test")
+    deployment.entrypoint = "tests/flows/fake_entry.py:train_experiment"
+    deployment.apply()
+    params = ExperimentParameters(scenario="code_validation", trainer="pure_text_ei", run_id="cv-suspend",
+                                  runs_dir=str(tmp_path / "runs"), overrides=["rl.num_iterations=1"],
+                                  wait_mode="auto")
+    flow_run = run_deployment("train_experiment/suspend-test", parameters={"parameters": params.model_dump(mode="json")},
+                              timeout=0)
+    env = {**subprocess_env, "FAKE_JOB_GATE": "1"}
+    monkeypatch.setenv("FAKE_JOB_GATE", "1")  # for the watcher, which runs here
+
+    rc, out = _execute_flow_run(flow_run.id, env)
+    state = _state(flow_run.id)
+    assert state.name == "Suspended", out  # the process has exited; nothing holds the wait
+    assert fine_tune_watcher() == []  # the job is still running: not resumed
+    run_dir = tmp_path / "runs" / "cv-suspend"
+    (run_dir / "fine_tune" / "release-0").write_text("done")
+    assert fine_tune_watcher() == [str(flow_run.id)]
+    assert _state(flow_run.id).is_scheduled()
+
+    rc, out = _execute_flow_run(flow_run.id, env)
+    assert _state(flow_run.id).is_completed(), out
+    starts = Counter((e["iteration"], e["stage"]) for e in fakes.executions(run_dir) if e["event"] == "start")
+    assert set(starts.values()) == {1} and len(starts) == 6
+    assert sorted(os.listdir(run_dir / "fine_tune")) == ["job-0.json", "release-0"]
+    assert (run_dir / "orchestration" / "suspensions.json").read_text().count('"0": 1') == 1
