@@ -34,9 +34,8 @@ def run_status(store: RunStore, run_id: str) -> dict[str, Any]:
     try:
         state = run.read_json("state.json", "state file")
         info["iteration"] = state.get("iteration", 0)
-        info["stage"] = state.get("train_loop_stage", "done" if state.get("finished") else "training")
-        if state.get("finished"):
-            info["stage"] = "done"
+        default_stage = "done" if info["iteration"] >= params.rl.num_iterations else "training"
+        info["stage"] = state.get("train_loop_stage", default_stage)
         groups = state.get("shared_model_groups") or {}
         info["fine_tune_jobs"] = {
             name: {k: g.get(k) for k in ("fine_tune_job_id", "fine_tuned_model_name", "last_status")}
