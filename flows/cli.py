@@ -27,6 +27,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-wandb", action="store_true", help="do not log to Weights & Biases")
     p.add_argument("--device", default=None, help="torch device for TensorDict trainers (cpu, cuda, cuda:1)")
     p.add_argument("--progress", choices=["auto", "on", "off"], default="auto")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="TensorDict trainers: checkpoint every N iterations (default 10)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +94,8 @@ def _settings(args, run_id: str | None):
         values["use_wandb"] = False
     if getattr(args, "device", None):
         values["device"] = args.device
+    if getattr(args, "checkpoint_every", None) is not None:
+        values["checkpoint_every"] = args.checkpoint_every
     progress = getattr(args, "progress", "auto")
     values["show_progress"] = None if progress == "auto" else progress == "on"
     if getattr(args, "on_params_mismatch", None):

@@ -98,24 +98,18 @@ class PrefectHooks(TrainerHooks):
 def write_summary(trainer: Any, summaries: list[dict[str, Any]] | None = None) -> str:
     """Create the end-of-run markdown artifact and return its text.
 
-    Lists the final test metrics per agent (the last ``test`` metrics logged), the
-    fine-tune jobs created, with trained tokens when the summary reports them, and the
-    location of the run store.
+    The same summary as ``nipflow report`` (final accuracy and reward per agent), plus the
+    fine-tune jobs created with their trained tokens, and where the run store is.
     """
     if isinstance(getattr(trainer, "hooks", None), PrefectHooks):
         trainer.hooks.flush()
+    from nip_core.logging.report import summarise, summary_markdown
+
     run = trainer.run
-    lines = [f"# Run `{run.run_id}`", "",
-             f"- trainer: `{trainer.hyper_params.trainer}`, scenario: `{trainer.hyper_params.scenario}`",
+    lines = [summary_markdown(summarise(run)["summary"]),
              f"- params hash: `{run.params_hash}`",
              f"- iterations done: {int(trainer.state.iteration)}",
              f"- run store: `{run.location}`", ""]
-    test_rows = [r for r in run.read_metrics() if r.get("kind") == "test"]
-    if test_rows:
-        final = test_rows[-1]
-        lines += ["## Final test metrics", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {final[k]} |" for k in sorted(final) if k not in ("kind", "iteration")]
-        lines.append("")
     jobs = [(s.get("iteration"), g, j) for s in (summaries or []) for g, j in (s.get("jobs") or {}).items()]
     if jobs:
         lines += ["## Fine-tune jobs", "", "| iteration | group | job | trained tokens |", "|---|---|---|---|"]

@@ -33,7 +33,7 @@ class ExperimentSettings(BaseModel):
     data_dir: str = Field(default_factory=default_data_dir)
     device: str = "cpu"
     on_params_mismatch: ParamsMismatchPolicy = "refuse"
-    checkpoint_every: int = Field(0, ge=0, description="TensorDict trainers: also checkpoint every N iterations (0: only at the end of a range)")
+    checkpoint_every: int = Field(10, ge=0, description="TensorDict trainers: also checkpoint every N iterations (0: only at the end of a range)")
     show_progress: bool | None = Field(None, description="None: only when stderr is a TTY")
     use_wandb: bool = True
     wandb_project: str | None = None

@@ -38,7 +38,12 @@ def final_value(rows: list[dict[str, Any]], key: str) -> float | None:
 
 
 def summarise_run(store: RunStore, run_id: str) -> dict[str, Any]:
-    run = store.open_run(run_id)
+    return summarise(store.open_run(run_id))
+
+
+def summarise(run) -> dict[str, Any]:
+    """Final numbers and curves of an opened run, from its ``metrics.jsonl``."""
+    run_id = run.run_id
     rows = run.read_metrics()
     train = [r for r in rows if r.get("kind", "train") == "train"]
     test = [r for r in rows if r.get("kind") == "test"]
@@ -94,8 +99,15 @@ def write_run_report(store: RunStore, run_id: str, out_dir: Path) -> Path:
     for name, keys in OTHER_CURVES.items():
         curves = [(k, *_series(train, k)) for k in keys if _series(train, k)[0]]
         _plot(out_dir / f"{name}.png", f"{run_id}: {name.replace('_', ' ')}", curves, name)
-    s = data["summary"]
-    lines = [f"# Run `{run_id}`", "",
+    text = summary_markdown(data["summary"], images=True)
+    path = out_dir / "summary.md"
+    path.write_text(text)
+    return path
+
+
+def summary_markdown(s: dict[str, Any], images: bool = False) -> str:
+    """The markdown summary of one run (also attached by the Prefect flows as an artifact)."""
+    lines = [f"# Run `{s['run_id']}`", "",
              f"{s['scenario']} / {s['trainer']} / protocol **{s['protocol']}** — "
              f"{s['iterations_logged']} iterations logged", "",
              "| metric | final value |", "|---|---|",
@@ -103,11 +115,11 @@ def write_run_report(store: RunStore, run_id: str, out_dir: Path) -> Path:
              f"| verifier test accuracy | {_fmt(s['final_test_accuracy'])} |",
              f"| mean episode length | {_fmt(s['final_episode_length'])} |"]
     lines += [f"| {agent} mean episode reward | {_fmt(v)} |" for agent, v in s["final_reward"].items()]
-    lines += ["", "![rewards](rewards.png)", "![accuracy](accuracy.png)",
-              "![decision rate](decision_rate.png)", "![episode length](episode_length.png)", ""]
-    path = out_dir / "summary.md"
-    path.write_text("\n".join(lines))
-    return path
+    if images:
+        lines += ["", "![rewards](rewards.png)", "![accuracy](accuracy.png)",
+                  "![decision rate](decision_rate.png)", "![episode length](episode_length.png)"]
+    lines.append("")
+    return "\n".join(lines)
 
 
 def write_sweep_report(store: RunStore, run_ids: list[str], out_dir: Path) -> Path:

@@ -77,4 +77,12 @@ def read_offline_run(run_file: str) -> dict[str, Any]:
 def read_offline_runs(wandb_dir: str) -> list[dict[str, Any]]:
     """Every offline run file under ``wandb_dir`` (oldest first)."""
     pattern = os.path.join(wandb_dir, "**", "offline-run-*", "run-*.wandb")
-    return [read_offline_run(p) | {"file": p} for p in sorted(glob.glob(pattern, recursive=True))]
+    runs = []
+    for path in sorted(glob.glob(pattern, recursive=True)):
+        run = read_offline_run(path)
+        # A process killed before W&B flushed its run record still names the file by run id.
+        run["file_run_id"] = os.path.basename(path)[len("run-"):-len(".wandb")]
+        if run["run_id"] is None:
+            run["run_id"] = run["file_run_id"]
+        runs.append(run | {"file": path})
+    return runs
