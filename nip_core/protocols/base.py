@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from functools import cached_property
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -120,15 +120,29 @@ class ProtocolHandler(ABC):
 
     # -- rounds ----------------------------------------------------------------------
 
-    @property
-    @abstractmethod
-    def max_message_rounds(self) -> int:
-        """Number of rounds; round ids are ``0 .. max_message_rounds - 1``."""
+    #: Fixed round limits of protocols without a parameter group (adp, merlin_arthur...).
+    MAX_MESSAGE_ROUNDS: ClassVar[int | None] = None
+    MIN_MESSAGE_ROUNDS: ClassVar[int | None] = None
 
     @property
-    @abstractmethod
+    def protocol_params(self) -> Any:
+        """The parameter group with ``max/min_message_rounds`` (protocols with fixed limits:
+        none; they set ``MAX_MESSAGE_ROUNDS`` / ``MIN_MESSAGE_ROUNDS`` instead)."""
+        raise NotImplementedError(f"{type(self).__name__} has no protocol parameter group")
+
+    @property
+    def max_message_rounds(self) -> int:
+        """Number of rounds; round ids are ``0 .. max_message_rounds - 1``."""
+        if self.MAX_MESSAGE_ROUNDS is not None:
+            return self.MAX_MESSAGE_ROUNDS
+        return self.protocol_params.max_message_rounds
+
+    @property
     def min_message_rounds(self) -> int:
         """Verifier decisions before round ``min_message_rounds - 1`` are ignored."""
+        if self.MIN_MESSAGE_ROUNDS is not None:
+            return self.MIN_MESSAGE_ROUNDS
+        return self.protocol_params.min_message_rounds
 
     @property
     @abstractmethod

@@ -53,14 +53,6 @@ class TwoProverProtocol(DeterministicSingleVerifierProtocolHandler, ABC):
         return self.protocol_common.verifier_first
 
     @property
-    def max_message_rounds(self) -> int:
-        return self.protocol_params.max_message_rounds
-
-    @property
-    def min_message_rounds(self) -> int:
-        return self.protocol_params.min_message_rounds
-
-    @property
     def turns(self) -> tuple[frozenset[str], ...]:
         params = self.protocol_params
         return two_prover_turns(verifier_first=self.verifier_first, sequential=params.sequential,

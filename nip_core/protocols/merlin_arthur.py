@@ -34,14 +34,6 @@ class MerlinArthurProtocol(SingleVerifierProtocolHandler):
     MAX_VERIFIER_QUESTIONS: ClassVar[int] = 1
 
     @property
-    def max_message_rounds(self) -> int:
-        return self.MAX_MESSAGE_ROUNDS
-
-    @property
-    def min_message_rounds(self) -> int:
-        return self.MIN_MESSAGE_ROUNDS
-
-    @property
     def max_verifier_questions(self) -> int:
         return self.MAX_VERIFIER_QUESTIONS
 

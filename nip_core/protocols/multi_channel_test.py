@@ -53,14 +53,6 @@ class MultiChannelTestProtocol(DeterministicSingleVerifierProtocolHandler):
     MAX_MESSAGE_ROUNDS: ClassVar[int] = 8
     MIN_MESSAGE_ROUNDS: ClassVar[int] = 2
 
-    @property
-    def max_message_rounds(self) -> int:
-        return self.MAX_MESSAGE_ROUNDS
-
-    @property
-    def min_message_rounds(self) -> int:
-        return self.MIN_MESSAGE_ROUNDS
-
     def is_agent_active(self, agent_name: str, round: int, channel_name: str) -> bool:
         return self.SCHEDULE[channel_name][round % 3] == agent_name
 

@@ -32,14 +32,6 @@ class NipProtocol(DeterministicSingleVerifierProtocolHandler):
     def verifier_first(self) -> bool:
         return self.protocol_common.verifier_first
 
-    @property
-    def max_message_rounds(self) -> int:
-        return self.protocol_params.max_message_rounds
-
-    @property
-    def min_message_rounds(self) -> int:
-        return self.protocol_params.min_message_rounds
-
     def is_agent_active(self, agent_name: str, round: int, channel_name: str) -> bool:
         verifier_parity = 0 if self.verifier_first else 1
         if agent_name == self.VERIFIER_NAME:
@@ -62,10 +54,4 @@ class AdpProtocol(NipProtocol):
     def verifier_first(self) -> bool:
         return False
 
-    @property
-    def max_message_rounds(self) -> int:
-        return self.MAX_MESSAGE_ROUNDS
 
-    @property
-    def min_message_rounds(self) -> int:
-        return self.MIN_MESSAGE_ROUNDS

@@ -29,14 +29,6 @@ class SoloVerifierProtocol(DeterministicSingleVerifierProtocolHandler):
     MAX_MESSAGE_ROUNDS: ClassVar[int] = 2
     MIN_MESSAGE_ROUNDS: ClassVar[int] = 1
 
-    @property
-    def max_message_rounds(self) -> int:
-        return self.MAX_MESSAGE_ROUNDS
-
-    @property
-    def min_message_rounds(self) -> int:
-        return self.MIN_MESSAGE_ROUNDS
-
     def is_agent_active(self, agent_name: str, round: int, channel_name: str) -> bool:
         return round == 0
 
