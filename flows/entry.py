@@ -91,9 +91,18 @@ def run_through_prefect(params: HyperParameters, settings: ExperimentSettings) -
 
 
 def _run(params: HyperParameters, settings: ExperimentSettings) -> dict[str, Any]:
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
     from flows.experiment import train_experiment
 
-    state = train_experiment(experiment_parameters(params, settings), return_state=True)
+    updates = {}
+    if not _api_url_configured():
+        # With a temporary in-process server nobody else can pick up a dead run, so zombie
+        # detection (the reason for heartbeats) has no use; the heartbeat thread's join costs
+        # about 1 s per flow run (prefect_notes.md §1). Deployed runs keep their heartbeats.
+        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+    with temporary_settings(updates=updates):
+        state = train_experiment(experiment_parameters(params, settings), return_state=True)
     if not state.is_completed():
         raise FlowRunFailedError(f"run {settings.run_id}: flow run ended {state.name}: {state.message}")
     return state.result()
