@@ -1,0 +1,286 @@
+"""Start the local OpenAI-compatible server as a subprocess, or reuse a running one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import openai
+
+import nip_core
+from nip_core.llm.client import make_openai_client
+from nip_core.llm.errors import LocalServerError
+from nip_core.llm.server.cli import EXIT_LOCKED, read_server_file
+from nip_core.llm.server.config import API_KEY_ENV
+from nip_core.llm.server.faults import FaultConfig
+
+LOG_FILE = "server.log"
+_REPO_ROOT = Path(nip_core.__file__).resolve().parent.parent
+
+
+def _root(base_url: str) -> str:
+    return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url.rstrip("/")
+
+
+def _healthy(base_url: str, data_dir: Path | None = None, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(_root(base_url) + "/health", timeout=timeout) as response:
+            body = json.loads(response.read())
+    except (OSError, ValueError):
+        return False
+    if body.get("status") != "ok":
+        return False
+    return data_dir is None or Path(body.get("data_dir", "")).resolve() == Path(data_dir).resolve()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class LocalApiServer:
+    """The local server in a subprocess (a context manager).
+
+    Parameters
+    ----------
+    data_dir
+        Where the server keeps its database, files and models (created if needed).
+    host, port
+        Address to bind; ``port=None`` lets the server pick a free loopback port.
+    job_time_scale
+        Multiplies the pacing of fine-tuning jobs (0.02 makes a job take about 0.5 s).
+    api_key
+        Require this Bearer key (passed through the environment, never the command line).
+    latency_ms
+        Added to every chat completion.
+    faults
+        Fault injection config (:class:`~nip_core.llm.server.faults.FaultConfig`).
+    detached
+        Start the server in its own session so that it outlives this process.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        job_time_scale: float = 1.0,
+        api_key: str | None = None,
+        latency_ms: float = 0.0,
+        faults: FaultConfig | dict | None = None,
+        *,
+        job_workers: int = 2,
+        startup_timeout: float = 60.0,
+        log_level: str = "warning",
+        detached: bool = False,
+    ):
+        self.data_dir = Path(data_dir).absolute()
+        self.host = host
+        self.port = port
+        self.job_time_scale = job_time_scale
+        self.api_key = api_key
+        self.latency_ms = latency_ms
+        self.faults = FaultConfig.parse(faults) if faults is not None else None
+        self.job_workers = job_workers
+        self.startup_timeout = startup_timeout
+        self.log_level = log_level
+        self.detached = detached
+        self._proc: subprocess.Popen | None = None
+        self._base_url: str | None = None
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1`` (after :meth:`start`)."""
+        if self._base_url is None:
+            raise LocalServerError(str(self.data_dir), "the server is not started")
+        return self._base_url
+
+    @property
+    def root_url(self) -> str:
+        return _root(self.base_url)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def client(self, **kwargs: Any) -> openai.OpenAI:
+        """An openai client for this server (``make_openai_client`` keyword arguments)."""
+        return make_openai_client(self.base_url, self.api_key, **kwargs)
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "nip_core.llm.server",
+            "--host", self.host,
+            "--port", str(self.port or 0),
+            "--data-dir", str(self.data_dir),
+            "--job-time-scale", repr(self.job_time_scale),
+            "--latency-ms", repr(self.latency_ms),
+            "--job-workers", str(self.job_workers),
+            "--log-level", self.log_level,
+        ]
+        if self.faults is not None:
+            cmd += ["--faults", self.faults.model_dump_json()]
+        return cmd
+
+    def start(self) -> "LocalApiServer":
+        """Launch the server and wait until ``/health`` answers.
+
+        Raises
+        ------
+        LocalServerError
+            The process exited (``exit_code`` 3: another server holds the data dir) or did
+            not become healthy within ``startup_timeout``.
+        """
+        if self.running:
+            return self
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.pop(API_KEY_ENV, None)
+        if self.api_key:
+            env[API_KEY_ENV] = self.api_key
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
+        log_path = self.data_dir / LOG_FILE
+        with open(log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=self.detached,
+            )
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                error = LocalServerError(str(self.data_dir), f"server exited with status {code}", _tail(log_path))
+                error.exit_code = code  # type: ignore[attr-defined]
+                self._proc = None
+                raise error
+            info = read_server_file(self.data_dir)
+            if info and info.get("pid") == self._proc.pid and _healthy(info["base_url"], timeout=1.0):
+                self._base_url = info["base_url"]
+                self.port = int(info["port"])
+                return self
+            time.sleep(0.05)
+        self.kill()
+        raise LocalServerError(str(self.data_dir), f"not healthy after {self.startup_timeout} s", _tail(log_path))
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM (graceful: running jobs are resumed at the next start), then SIGKILL."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (to test crash recovery)."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        self._proc = None
+
+    def __enter__(self) -> "LocalApiServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- admin -----------------------------------------------------------------------------
+
+    def _admin(self, method: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(self.root_url + "/admin/faults", data=data, method=method)
+        request.add_header("content-type", "application/json")
+        if self.api_key:
+            request.add_header("authorization", f"Bearer {self.api_key}")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def set_faults(self, faults: FaultConfig | dict) -> dict:
+        """Replace the fault injection config (``POST /admin/faults``)."""
+        return self._admin("POST", FaultConfig.parse(faults).model_dump())
+
+    def clear_faults(self) -> dict:
+        return self._admin("DELETE")
+
+    def fault_status(self) -> dict:
+        """Current config and counts of injected faults."""
+        return self._admin("GET")
+
+
+def ensure_local_server(
+    data_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    job_time_scale: float = 1.0,
+    api_key: str | None = None,
+    startup_timeout: float = 60.0,
+) -> str:
+    """Base URL of a local server for ``data_dir``: the running one, else a new detached one.
+
+    A server records ``server.json`` (pid, port) in its data directory; if that process
+    is alive and its ``/health`` names the same directory it is reused. Otherwise a
+    server is started in its own session (it outlives the caller; stop it with SIGTERM
+    to the recorded pid). Two callers racing are safe: the data-directory lock lets one
+    server win and the other caller reuses it.
+    """
+    data_dir = Path(data_dir).absolute()
+
+    def running() -> str | None:
+        info = read_server_file(data_dir)
+        if info and _pid_alive(int(info.get("pid", -1))) and _healthy(info["base_url"], data_dir):
+            return info["base_url"]
+        return None
+
+    found = running()
+    if found:
+        return found
+    server = LocalApiServer(
+        data_dir, host=host, job_time_scale=job_time_scale, api_key=api_key,
+        startup_timeout=startup_timeout, detached=True,
+    )
+    try:
+        return server.start().base_url
+    except LocalServerError as exc:
+        if getattr(exc, "exit_code", None) != EXIT_LOCKED:
+            raise
+    deadline = time.monotonic() + startup_timeout
+    while time.monotonic() < deadline:
+        found = running()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise LocalServerError(str(data_dir), "another server holds the data directory but does not answer")

@@ -1,0 +1,157 @@
+"""The ASGI application: FastAPI routes behind a gateway for health, auth and faults.
+
+The gateway is a plain ASGI wrapper *outside* FastAPI so that it sees uvicorn's own
+``send`` (needed to drop a connection) and so that injected faults never reach the
+routes. ``GET /health`` is always open; ``/v1`` and ``/admin`` need the Bearer key when
+one is configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, FastAPI, Request
+
+from nip_core.llm.server import chat, routes_files, routes_jobs, routes_models
+from nip_core.llm.server.config import ServerConfig
+from nip_core.llm.server.errors import error_body, install_error_handlers
+from nip_core.llm.server.faults import FaultConfig, FaultInjector, drop_connection, endpoint_group
+from nip_core.llm.server.files import FileService
+from nip_core.llm.server.jobs import JobManager
+from nip_core.llm.server.registry import ModelRegistry
+from nip_core.llm.server.store import Store
+
+DB_NAME = "state.sqlite3"
+INFERENCE_THREADS = 8
+
+admin = APIRouter()
+
+
+@admin.get("/admin/faults")
+async def get_faults(request: Request) -> dict:
+    return request.app.state.faults.status()
+
+
+@admin.post("/admin/faults")
+async def set_faults(config: FaultConfig, request: Request) -> dict:
+    request.app.state.faults.configure(config)
+    return request.app.state.faults.status()
+
+
+@admin.delete("/admin/faults")
+async def clear_faults(request: Request) -> dict:
+    request.app.state.faults.configure(FaultConfig())
+    return request.app.state.faults.status()
+
+
+async def _send_json(send, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
+    payload = json.dumps(body).encode("utf-8")
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+
+
+_FAULT_BODIES = {
+    "429": (429, error_body("Rate limit reached (injected fault). Please retry after a short wait.", "requests", None, "rate_limit_exceeded")),
+    "500": (500, error_body("The server had an error while processing your request (injected fault).", "server_error")),
+    "503": (503, error_body("The engine is currently overloaded, please try again later (injected fault).", "server_error")),
+}
+
+
+class Gateway:
+    """Health check, API key check and fault injection in front of the FastAPI app."""
+
+    def __init__(self, app: FastAPI, config: ServerConfig, faults: FaultInjector):
+        self.app = app
+        self.config = config
+        self.faults = faults
+        self._key = config.api_key.get_secret_value().encode("utf-8") if config.api_key else None
+
+    async def __call__(self, scope: dict[str, Any], receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if path == "/health":
+            body = {"status": "ok", "pid": os.getpid(), "data_dir": str(self.config.data_dir.resolve())}
+            await _send_json(send, 200, body)
+            return
+        if self._key is not None and (path.startswith("/v1/") or path.startswith("/admin/")) and not self._authorized(scope):
+            await _send_json(
+                send, 401,
+                error_body("Incorrect API key provided. You can find your API key in the server's configuration.",
+                           "invalid_request_error", None, "invalid_api_key"),
+            )
+            return
+        group = endpoint_group(path)
+        if group is not None:
+            fault, delay, rule = self.faults.draw(group)
+            if delay:
+                await asyncio.sleep(delay)
+            if fault in ("429", "500", "503"):
+                retry = {"retry-after": f"{rule.retry_after_s:g}", "retry-after-ms": f"{rule.retry_after_s * 1000:g}"}
+                status, body = _FAULT_BODIES[fault]
+                await _send_json(send, status, body, retry)
+                return
+            if fault == "drop" and await drop_connection(send):
+                return
+            if fault == "drop":
+                await _send_json(send, 503, error_body("connection dropped (injected fault)", "server_error"), {"connection": "close"})
+                return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: dict[str, Any]) -> bool:
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self._key)
+        return False
+
+
+def create_app(config: ServerConfig, on_shutdown: Callable[[], None] | None = None) -> Gateway:
+    """The server's ASGI application for ``config`` (opens the data directory).
+
+    ``on_shutdown`` runs at the end of the lifespan (uvicorn re-raises SIGTERM once it
+    has shut down, so code after ``Server.run`` may never run).
+    """
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(config.data_dir / DB_NAME)
+    files = FileService(store, config.data_dir)
+    registry = ModelRegistry(store, config.data_dir)
+    jobs = JobManager(config, store, files, registry)
+    faults = FaultInjector(config.faults)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.inference_limiter = anyio.CapacityLimiter(INFERENCE_THREADS)
+        jobs.start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(jobs.stop)
+            store.close()
+            if on_shutdown is not None:
+                on_shutdown()
+
+    app = FastAPI(title="nipflow local OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.config = config
+    app.state.store = store
+    app.state.files = files
+    app.state.registry = registry
+    app.state.jobs = jobs
+    app.state.faults = faults
+    install_error_handlers(app)
+    for router in (routes_models.router, chat.router, routes_files.router, routes_jobs.router, admin):
+        app.include_router(router)
+    return Gateway(app, config, faults)
+
+
+__all__ = ["create_app", "Gateway"]

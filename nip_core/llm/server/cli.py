@@ -1,0 +1,159 @@
+"""Command line of the local OpenAI-compatible server (``nipflow api-server``).
+
+``python -m nip_core.llm.server --host 127.0.0.1 --port P --data-dir D
+[--job-time-scale X] [--api-key K] [--latency-ms MS] [--faults JSON|@file]``
+
+The process takes an exclusive lock on the data directory (one server per directory),
+binds the socket itself (``--port 0`` picks a free port), records
+``{pid, host, port, base_url}`` in ``D/server.json`` and serves until SIGINT/SIGTERM.
+The API key may also come from ``$NIPFLOW_API_SERVER_KEY``; it is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from nip_core.llm.server.config import API_KEY_ENV, ServerConfig
+from nip_core.llm.server.faults import FaultConfig
+from nip_core.llm.server.atomic import atomic_write
+
+DEFAULT_PORT = 8765
+SERVER_FILE = "server.json"
+LOCK_FILE = "server.lock"
+EXIT_LOCKED = 3
+EXIT_USAGE = 2
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("NIPFLOW_DATA_DIR", "./data")) / "api_server"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nipflow api-server",
+        description="Local OpenAI-compatible server (chat completions, files, fine-tuning) for offline runs and tests.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where files, jobs and models are kept (default $NIPFLOW_DATA_DIR/api_server)")
+    parser.add_argument("--job-time-scale", type=float, default=1.0, help="multiplies the pacing of fine-tuning jobs (1.0: about 25 s)")
+    parser.add_argument("--api-key", default=None, help=f"require this Bearer key (default ${API_KEY_ENV}; none: no auth)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="latency added to every chat completion")
+    parser.add_argument("--faults", default=None, help="fault injection config, JSON or @file (see nip_core.llm.server.faults)")
+    parser.add_argument("--job-workers", type=int, default=2, help="fine-tuning worker threads")
+    parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    return parser
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto must be IPPROTO_TCP: asyncio only sets TCP_NODELAY on accepted sockets whose
+    # proto says TCP, and without it keep-alive requests wait 40 ms for a delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _lock(data_dir: Path):
+    handle = open(data_dir / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def read_server_file(data_dir: Path) -> dict | None:
+    """The ``server.json`` record of a data directory, if readable."""
+    try:
+        return json.loads((Path(data_dir) / SERVER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the server until interrupted; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    data_dir = (args.data_dir or default_data_dir()).absolute()
+    try:
+        config = ServerConfig(
+            data_dir=data_dir,
+            host=args.host,
+            port=args.port,
+            job_time_scale=args.job_time_scale,
+            api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+            latency_ms=args.latency_ms,
+            faults=FaultConfig.parse(args.faults),
+            job_workers=args.job_workers,
+            log_level=args.log_level,
+        )
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"nipflow api-server: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(data_dir)
+    if lock is None:
+        other = read_server_file(data_dir) or {}
+        print(
+            f"nipflow api-server: another server (pid {other.get('pid', '?')}, {other.get('base_url', '?')}) "
+            f"is serving {data_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_LOCKED
+    try:
+        return _serve(config, lock)
+    finally:
+        lock.close()
+
+
+def _serve(config: ServerConfig, lock) -> int:
+    import uvicorn
+
+    from nip_core.llm.server.app import create_app
+
+    try:
+        sock = _bind(config.host, config.port)
+    except OSError as exc:
+        print(f"nipflow api-server: cannot bind {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    port = sock.getsockname()[1]
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    info = {
+        "pid": os.getpid(),
+        "host": config.host,
+        "port": port,
+        "base_url": f"http://{host}:{port}/v1",
+        "data_dir": str(config.data_dir),
+        "started_at": time.time(),
+    }
+    def forget_server_file() -> None:
+        current = read_server_file(config.data_dir)
+        if current and current.get("pid") == os.getpid():
+            (config.data_dir / SERVER_FILE).unlink(missing_ok=True)
+
+    app = create_app(config, on_shutdown=forget_server_file)
+    atomic_write(config.data_dir / SERVER_FILE, json.dumps(info).encode("utf-8"))
+    print(f"nipflow api-server: serving {info['base_url']} (data dir {config.data_dir})", file=sys.stderr, flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level=config.log_level, access_log=False, lifespan="on", timeout_keep_alive=30)
+    )
+    try:
+        server.run(sockets=[sock])
+    finally:
+        forget_server_file()
+    return 0
