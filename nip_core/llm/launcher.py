@@ -16,6 +16,7 @@ from typing import Any
 import openai
 
 import nip_core
+from nip_core.utils.fileio import pid_alive
 from nip_core.llm.client import make_openai_client
 from nip_core.llm.errors import LocalServerError
 from nip_core.llm.server.cli import EXIT_LOCKED, read_server_file
@@ -39,16 +40,6 @@ def _healthy(base_url: str, data_dir: Path | None = None, timeout: float = 2.0) 
     if body.get("status") != "ok":
         return False
     return data_dir is None or Path(body.get("data_dir", "")).resolve() == Path(data_dir).resolve()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -261,7 +252,7 @@ def ensure_local_server(
 
     def running() -> str | None:
         info = read_server_file(data_dir)
-        if info and _pid_alive(int(info.get("pid", -1))) and _healthy(info["base_url"], data_dir):
+        if info and pid_alive(int(info.get("pid", -1))) and _healthy(info["base_url"], data_dir):
             return info["base_url"]
         return None
 

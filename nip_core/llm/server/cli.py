@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from nip_core.llm.server.config import API_KEY_ENV, ServerConfig
 from nip_core.llm.server.faults import FaultConfig
-from nip_core.llm.server.atomic import atomic_write
+from nip_core.utils.fileio import atomic_write_bytes as atomic_write
 
 DEFAULT_PORT = 8765
 SERVER_FILE = "server.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nip_core.llm.server.atomic import atomic_write
+from nip_core.utils.fileio import atomic_write_bytes as atomic_write
 from nip_core.llm.server.errors import ApiError, invalid_request, not_found
 from nip_core.llm.server.records import FileRecord, new_id, now
 from nip_core.llm.server.store import Store

@@ -18,7 +18,7 @@ import numpy as np
 
 from nip_core.llm.policy.candidates import Candidate
 from nip_core.llm.policy.model import BASE_MODEL_ALIASES, PolicyModel, canonical_base
-from nip_core.llm.server.atomic import atomic_write
+from nip_core.utils.fileio import atomic_write_bytes as atomic_write
 from nip_core.llm.server.records import ModelRecord, now
 from nip_core.llm.server.store import Store
 
