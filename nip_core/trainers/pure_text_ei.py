@@ -1,0 +1,97 @@
+"""``pure_text_ei``: expert iteration — SFT on the rollouts that pass the selection (spec §5.7).
+
+Verifiers: a proportion ``p_i`` (annealed, see :meth:`guess_replacement_proportion`) of the
+rollouts, chosen with an rng seeded from sha256 of (seed, iteration, agent) (QUIRK 8 fixed:
+the original used Python's salted ``hash``), become examples whose last verifier message
+is the correct decision; the rest go through the selection. Other agents: selection on all
+rollouts. Selection is ``threshold`` (episode reward >= ``reward_threshold``) or
+``weighted_sampling``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nip_core.environments.nested_array_dict import NestedArrayDict
+from nip_core.trainers.pure_text_base import PureTextRlTrainer, maybe_kill
+from nip_core.trainers.pure_text_rollouts import stable_seed
+from nip_core.trainers.pure_text_stats import NoAssistantMessageError, episode_rewards, fine_tune_messages
+from nip_core.trainers.registry import register_trainer
+
+
+def guess_replacement_proportion(p0: float, annealing: str, rate: float, iteration: int) -> float:
+    """``p0`` annealed: none -> p0; linear -> max(p0 - i*rate, 0); exponential -> p0 (1-rate)^i."""
+    if annealing == "linear":
+        return max(p0 - iteration * rate, 0.0)
+    if annealing == "exponential":
+        return p0 * (1 - rate) ** iteration
+    return p0
+
+
+def select_rollouts(rewards: np.ndarray, method: str, params, rng: np.random.Generator) -> list[int]:
+    """Indices of the rollouts kept for an agent with episode ``rewards``."""
+    n = len(rewards)
+    if n == 0:
+        return []
+    if method == "threshold":
+        return [int(i) for i in np.nonzero(rewards >= params.reward_threshold)[0]]
+    shifted = rewards - rewards.min() if params.weighting_minimum is None \
+        else np.clip(rewards - params.weighting_minimum, 0, None)
+    total = shifted.sum()
+    w = shifted / total if total > 0 else np.full(n, 1.0 / n)
+    w = w + params.weighting_epsilon / n
+    w = w / w.sum()
+    size = int(round(n * params.weighting_sample_size_factor))
+    if not params.weighting_use_replacement:
+        size = min(size, int((w > 0).sum()))
+    return [int(i) for i in rng.choice(n, size=size, replace=params.weighting_use_replacement, p=w)]
+
+
+@register_trainer("pure_text_ei")
+class PureTextEiTrainer(PureTextRlTrainer):
+    """Expert iteration on text rollouts."""
+
+    trainer_name = "pure_text_ei"
+
+    def guess_replacement_proportion(self, iteration: int) -> float:
+        t = self.hyper_params.text_rl
+        return guess_replacement_proportion(t.verifier_guess_replacement_proportion,
+                                            t.verifier_guess_replacement_annealing,
+                                            t.verifier_guess_replacement_annealing_rate, iteration)
+
+    def agent_examples(self, agent: str, rollouts: list[NestedArrayDict]) -> list[dict]:
+        """The SFT examples of ``agent`` from ``rollouts``."""
+        i = self.state.iteration
+        hp = self.hyper_params
+        idx = self.agent_names.index(agent)
+        rng = np.random.default_rng(stable_seed(hp.seed, i, agent))
+        order = list(range(len(rollouts)))
+        replaced: list[int] = []
+        if agent == "verifier":
+            order = [int(k) for k in rng.permutation(len(rollouts))]
+            n_replace = int(self.guess_replacement_proportion(i) * len(rollouts))
+            replaced, order = order[:n_replace], order[n_replace:]
+        rewards = np.array([episode_rewards(rollouts[k])[idx] for k in order])
+        chosen = [order[j] for j in select_rollouts(rewards, hp.pure_text_ei.rollout_selection_method,
+                                                     hp.pure_text_ei, rng)]
+        words = hp.agent_params(agent).max_response_words
+        proto = hp.interaction_protocol
+        examples = []
+        for k, replace in [(k, False) for k in chosen] + [(k, True) for k in replaced]:
+            try:
+                msgs = fine_tune_messages(self.protocol_handler, proto, agent, rollouts[k], words, replace)
+            except NoAssistantMessageError:
+                continue
+            examples.append({"messages": msgs})
+        return examples
+
+    def _stage_create_fine_tune_jobs(self, rollouts: list[NestedArrayDict]) -> dict[str, str]:
+        jobs = {}
+        for name, group in self.groups.items():
+            examples = [e for agent in group.agent_names for e in self.agent_examples(agent, rollouts)]
+            jobs[name] = group.create_supervised_fine_tune_job(
+                examples, run=self.run, run_id=self.run_id, iteration=self.state.iteration,
+                seed=stable_seed(self.hyper_params.seed, self.state.iteration, name, modulus=2**31))
+            self.save_state()  # the job id is in the state before the next group's call
+            maybe_kill(self.state.iteration, "create_fine_tune_jobs", f"after_{name}")
+        return jobs

@@ -1,0 +1,101 @@
+"""Per-iteration statistics, transcripts and fine-tune examples of pure-text rollouts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nip_core.environments.nested_array_dict import NestedArrayDict
+from nip_core.scenarios.code_validation.text_protocols import build_chat_messages
+from nip_core.trainers.pure_text_rollouts import history_of
+
+
+class NoAssistantMessageError(ValueError):
+    """A rollout in which the agent never spoke (it gives no fine-tune example)."""
+
+
+def last_index(rollout: NestedArrayDict) -> int:
+    """Index of the last real (non-padding) timestep."""
+    real = np.nonzero(~rollout["padding"].astype(bool))[0]
+    return int(real[-1]) if len(real) else 0
+
+
+def verifier_decision(rollout: NestedArrayDict, verifier_index: int) -> int:
+    t = last_index(rollout)
+    if bool(rollout["next.terminated"][t]):
+        return 2
+    return int(rollout["agents.decision"][t, verifier_index])
+
+
+def episode_rewards(rollout: NestedArrayDict) -> np.ndarray:
+    return rollout["next.agents.reward"].sum(axis=0)
+
+
+def rollout_stats(rollouts: list[NestedArrayDict], agent_names: list[str], verifier_index: int,
+                  prefix: str = "") -> dict[str, float]:
+    """Mean/std episode reward per agent, accuracy, decisions, precision/recall, retries."""
+    stats: dict[str, float] = {}
+    if not rollouts:
+        return stats
+    rewards = np.stack([episode_rewards(r) for r in rollouts])
+    for i, agent in enumerate(agent_names):
+        stats[f"{agent}.{prefix}mean_episode_reward"] = float(rewards[:, i].mean())
+        stats[f"{agent}.{prefix}std_episode_reward"] = float(rewards[:, i].std())
+        real = np.concatenate([~r["padding"].astype(bool) for r in rollouts])
+        retries = np.concatenate([r["agents.retry_count"][:, i].max(-1) for r in rollouts])
+        stats[f"{agent}.{prefix}retry_proportion"] = float((retries[real] > 0).mean())
+    decisions = np.array([verifier_decision(r, verifier_index) for r in rollouts])
+    y = np.array([int(r["y"][0]) for r in rollouts])
+    correct = decisions == y
+    stats[f"{prefix}mean_accuracy"] = float(correct.mean())
+    stats[f"{prefix}std_accuracy"] = float(correct.std())
+    for label in (0, 1):
+        if (y == label).any():
+            stats[f"{prefix}mean_{label}_accuracy"] = float(correct[y == label].mean())
+    stats[f"{prefix}mean_decision"] = float(decisions.mean())
+    tp = float(((decisions == 1) & (y == 1)).sum())
+    stats[f"{prefix}precision"] = tp / max(1.0, float((decisions == 1).sum()))
+    stats[f"{prefix}recall"] = tp / max(1.0, float((y == 1).sum()))
+    lengths = [int((r["next.message_history"][-1][:, 0] != None).sum()) for r in rollouts]  # noqa: E711
+    stats[f"{prefix}mean_episode_length"] = float(np.mean(lengths))
+    return stats
+
+
+def raw_transcript(rollout: NestedArrayDict, agent_names: list[str]) -> dict[str, Any]:
+    """``{transcript: [{agent: raw}], y, question, solution, prover_stance, reward}``."""
+    t = last_index(rollout)
+    raw = rollout["next.raw_message_history"][t]
+    rounds = []
+    for r in range(raw.shape[0]):
+        said = {a: raw[r, i] for i, a in enumerate(agent_names) if raw[r, i] is not None}
+        if not said:
+            break
+        rounds.append(said)
+    rewards = episode_rewards(rollout)
+    return {"transcript": rounds, "y": int(rollout["y"][0]), "question": str(rollout["question"][0]),
+            "solution": str(rollout["solution"][0]), "prover_stance": int(rollout["prover_stance"][0]),
+            "reward": {a: float(rewards[i]) for i, a in enumerate(agent_names)}}
+
+
+def fine_tune_messages(handler: Any, protocol: str, agent: str, rollout: NestedArrayDict,
+                       max_response_words: int, replace_guess: bool = False) -> list[dict[str, str]]:
+    """The chat example of ``agent`` from the whole rollout, ending on its own last reply.
+
+    Raises
+    ------
+    NoAssistantMessageError
+        If the agent said nothing in the rollout.
+    """
+    t = last_index(rollout)
+    hist = history_of(rollout[t], prefix="next.")
+    messages = build_chat_messages(handler, protocol, agent, hist, max_response_words=max_response_words)
+    while messages and messages[-1]["role"] != "assistant":
+        messages.pop()
+    if not messages:
+        raise NoAssistantMessageError(f"agent {agent} never replied in the rollout of datapoint "
+                                      f"{int(rollout['datapoint_id'][0])}")
+    if replace_guess:
+        label = int(rollout["y"][0])
+        messages[-1] = {"role": "assistant", "content": "Decision: accept" if label == 1 else "Decision: reject"}
+    return messages

@@ -1,0 +1,92 @@
+"""Text agents and shared model groups against the local server: idempotent job creation."""
+
+from __future__ import annotations
+
+import pytest
+
+from nip_core.agents.pure_text import (
+    INSUFFICIENT_DATA_JOB_ID,
+    FROZEN_JOB_ID,
+    PureTextSharedModelGroup,
+    PureTextWholeAgent,
+)
+from nip_core.llm.testing import local_api_server
+from nip_core.parameters import CodeValidationAgentParameters, HyperParameters
+from nip_core.runs import RunStore
+
+pytestmark = [pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with local_api_server(tmp_path_factory.mktemp("api"), job_time_scale=0.02) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client(max_retries=2, timeout=30.0)
+
+
+@pytest.fixture
+def run(tmp_path):
+    hp = HyperParameters(scenario="code_validation", trainer="pure_text_ei", dataset="test")
+    return RunStore(str(tmp_path)).open_run("idem", hp)
+
+
+def examples(n=12):
+    return [{"messages": [{"role": "system", "content": "Decision: accept"},
+                          {"role": "user", "content": f"item {k}"},
+                          {"role": "assistant", "content": "Decision: accept"}]} for k in range(n)]
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def jobs_with(client, group, run_id):
+    return [j for j in client.fine_tuning.jobs.list(limit=100).data
+            if (j.metadata or {}).get("nipflow_group") == group and j.metadata.get("nipflow_run_id") == run_id]
+
+
+def test_crash_between_upload_and_create_reuses_the_file_and_creates_one_job(client, run):
+    params = CodeValidationAgentParameters(model_name="gpt-4o-mini")
+    files_before = len(client.files.list().data)
+    crashing = PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: client)
+    crashing._before_create_hook = lambda iteration: (_ for _ in ()).throw(Crash("killed"))
+    with pytest.raises(Crash):
+        crashing.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=0)
+    record = run.read_json("fine_tune/iter_0_verifier.json")
+    assert set(record) == {"file_id"}
+    fresh = PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: client)
+    job_id = fresh.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=0)
+    assert run.read_json("fine_tune/iter_0_verifier.json") == {"file_id": record["file_id"], "job_id": job_id}
+    assert len(client.files.list().data) == files_before + 1  # no second upload
+    # a process that died after the create call but before recording adopts the job
+    run.write_json("fine_tune/iter_0_verifier.json", {"file_id": record["file_id"]})
+    again = PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: client)
+    assert again.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=0) == job_id
+    assert [j.id for j in jobs_with(client, "verifier", "idem")] == [job_id]
+    job = client.fine_tuning.jobs.retrieve(job_id)
+    assert job.metadata == {"nipflow_run_id": "idem", "nipflow_iteration": "0", "nipflow_group": "verifier"}
+    assert len(job.user_provided_suffix) <= 64
+
+
+def test_insufficient_data_and_frozen_create_no_job(client, run):
+    params = CodeValidationAgentParameters(model_name="gpt-4o-mini")
+    g = PureTextSharedModelGroup("prover", ["prover"], params, lambda: client)
+    assert g.create_supervised_fine_tune_job(examples(9), run=run, run_id="idem", iteration=3) == INSUFFICIENT_DATA_JOB_ID
+    assert g.get_fine_tune_job_status() == "succeeded"
+    g.switch_to_next_model()
+    assert g.model_name == "gpt-4o-mini"
+    frozen = PureTextSharedModelGroup("p2", ["p2"], params.model_copy(update={"freeze_agent": True}), lambda: client)
+    assert frozen.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=3) == FROZEN_JOB_ID
+    assert jobs_with(client, "prover", "idem") == [] and jobs_with(client, "p2", "idem") == []
+
+
+def test_agent_counts_tokens_and_uses_the_group_model(client):
+    params = CodeValidationAgentParameters(model_name="gpt-4o-mini", max_response_words=20)
+    agent = PureTextWholeAgent("verifier", params, lambda: client, lambda: "gpt-4o-mini")
+    text, finish, tokens = agent.generate([{"role": "system", "content": "Reply:\nDecision: accept\nDecision: reject"}],
+                                          seed=3)
+    assert text in ("Decision: accept", "Decision: reject") and finish == "stop" and tokens > 0

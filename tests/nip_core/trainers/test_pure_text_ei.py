@@ -1,0 +1,124 @@
+"""pure_text_ei: selection, annealing, datapoint order, stage order, failures, learning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nip_core.errors import FineTuneJobFailed
+from nip_core.llm.testing import local_api_server
+from nip_core.parameters import HyperParameters, PureTextEiParameters
+from nip_core.settings import ExperimentSettings
+from nip_core.trainers.base import build_trainer
+from nip_core.trainers.pure_text_ei import guess_replacement_proportion, select_rollouts
+from nip_core.trainers.pure_text_rollouts import datapoint_indices, stable_seed
+from nip_core.trainers.stages import FineTuneJobsPending, StageOrderError
+
+import nip_core.trainers.catalogue  # noqa: F401
+
+
+def test_threshold_selection_keeps_rewards_at_or_above_it():
+    p = PureTextEiParameters(reward_threshold=0.9)
+    assert select_rollouts(np.array([1.0, -1.0, 0.9, 0.5]), "threshold", p, np.random.default_rng(0)) == [0, 2]
+
+
+def test_weighted_sampling_size_and_support():
+    p = PureTextEiParameters(rollout_selection_method="weighted_sampling", weighting_epsilon=0.0,
+                             weighting_use_replacement=True, weighting_sample_size_factor=0.5)
+    picked = select_rollouts(np.array([-1.0, 1.0, 1.0, -1.0]), "weighted_sampling", p, np.random.default_rng(0))
+    assert len(picked) == 2 and set(picked) <= {1, 2}  # the minimum gets weight 0
+
+
+@pytest.mark.parametrize("annealing,expected", [("none", 0.5), ("linear", 0.3), ("exponential", 0.405)])
+def test_guess_replacement_annealing(annealing, expected):
+    assert guess_replacement_proportion(0.5, annealing, 0.1, 2) == pytest.approx(expected)
+
+
+def test_datapoint_order_never_hangs_past_the_dataset_and_is_stable():
+    # QUIRK 15: 10 items, 6 per iteration, iteration 2 starts past the end.
+    idx = datapoint_indices(7, 10, 12, 6)
+    assert len(idx) == 6 and all(0 <= i < 10 for i in idx)
+    first_epoch = datapoint_indices(7, 10, 0, 10)
+    assert sorted(first_epoch) == list(range(10))
+    assert datapoint_indices(7, 10, 12, 6) == idx
+    # sha256-based: the same in every process (Python's hash() is salted, QUIRK 8)
+    assert stable_seed(1, "a") == 4711607286779601954 and stable_seed(1, "a", modulus=2**16) == 58402
+    assert stable_seed(1, "a") != stable_seed(1, "b")
+
+
+def params(tmp_path, **kw):
+    base = dict(scenario="code_validation", trainer="pure_text_ei", dataset="nipflow-cv",
+                rl={"num_iterations": 2, "rollouts_per_iteration": 24}, nip_protocol={"max_message_rounds": 4},
+                dataset_options={"max_train_size": 24, "max_test_size": 4},
+                text_rl={"verifier_guess_replacement_proportion": 0.5})
+    base.update(kw)
+    return HyperParameters(**base)
+
+
+def settings(tmp_path, url, run_id="r"):
+    return ExperimentSettings(use_wandb=False, runs_dir=str(tmp_path / "runs"), run_id=run_id, openai_base_url=url,
+                              fine_tune_poll_interval_s=0.1, fine_tune_poll_max_interval_s=0.5,
+                              max_concurrent_requests=8, show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with local_api_server(tmp_path_factory.mktemp("api"), job_time_scale=0.02) as s:
+        yield s
+
+
+@pytest.mark.e2e
+def test_stage_order_is_enforced_and_pending_jobs_do_not_block(tmp_path, server):
+    t = build_trainer(params(tmp_path, text_rl={"test_scheme": "last", "transcript_format": "json",
+                                               "verifier_guess_replacement_proportion": 0.5}),
+                      settings(tmp_path, server.base_url))
+    with pytest.raises(StageOrderError, match="state is at iteration 0, stage 'sample_rollouts'"):
+        t.run_stage("log_stats")
+    seen = []
+    while t.next_stage()[1] != "await_fine_tune_jobs":
+        seen.append(t.run_stage(t.next_stage()[1])["next_stage"])
+    assert seen == ["log_stats", "test_during_training", "create_fine_tune_jobs", "await_fine_tune_jobs"]
+    assert set(t.poll_fine_tune_jobs()) == {"prover", "verifier"}
+    try:
+        t.run_await_stage(block=False)
+    except FineTuneJobsPending as e:
+        assert set(e.statuses) == {"prover", "verifier"}
+    t.train()
+    assert t.next_stage() == (2, "done")
+    run = t.run
+    assert run.exists("rollouts/0.json") and run.exists("rollouts/1.json") and run.exists("rollouts/test_1.json")
+    assert not run.exists("rollouts/test_0.json")  # test_scheme "last"
+    transcript = run.read_json("transcripts/raw_0.json")
+    assert len(transcript) == 24 and set(transcript[0]) == {"transcript", "y", "question", "solution",
+                                                            "prover_stance", "reward"}
+    metrics = [m for m in run.read_metrics() if "mean_accuracy" in m]
+    assert len(metrics) == 2 and all("verifier.mean_episode_reward" in m and m["tokens_used"] > 0 for m in metrics)
+    assert metrics[1]["fine_tune_trained_tokens"] > 0
+
+
+@pytest.mark.e2e
+def test_failed_job_stops_the_run_with_its_error(tmp_path, server):
+    t = build_trainer(params(tmp_path), settings(tmp_path, server.base_url, "failing"))
+    while t.next_stage()[1] != "await_fine_tune_jobs":
+        t.run_stage(t.next_stage()[1])
+    client = t.scenario.extras["client"]()
+    job_id = t.groups["verifier"].state.fine_tune_job_id
+    client.fine_tuning.jobs.cancel(job_id)
+    with pytest.raises(FineTuneJobFailed, match=f"{job_id} of group 'verifier' cancelled"):
+        t.run_stage("await_fine_tune_jobs")
+    assert t.next_stage() == (0, "await_fine_tune_jobs")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_expert_iteration_raises_verifier_train_accuracy(tmp_path, server, capsys):
+    hp = params(tmp_path, rl={"num_iterations": 3, "rollouts_per_iteration": 24},
+                dataset_options={"max_train_size": 24, "max_test_size": 4},
+                text_rl={"verifier_guess_replacement_proportion": 0.5, "fine_tune_on_all_previous_rollouts": True})
+    t = build_trainer(hp, settings(tmp_path, server.base_url, "learn"))
+    t.train()
+    acc = [m["mean_accuracy"] for m in t.run.read_metrics() if "mean_accuracy" in m]
+    with capsys.disabled():
+        print(f"\nEI nip verifier train accuracy per iteration: {acc}")
+    assert len(acc) == 3
+    assert acc[-1] >= acc[0] + 0.25

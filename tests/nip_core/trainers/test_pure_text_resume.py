@@ -1,0 +1,122 @@
+"""Resume of pure_text_ei after SIGKILL in every stage (and between two groups' job creations).
+
+A driver process (:func:`main`, run as ``python -c``) trains a run in the run store; the
+test-only ``NIPFLOW_TEST_KILL_AT`` makes it SIGKILL itself at listed points, each point
+once (markers). The driver is restarted until it finishes; then the final state is
+compared with an uninterrupted run's (iteration-0 rollouts and the uploaded fine-tune
+data must be byte-identical; later rollouts are not, because the local server seeds a
+model's sampling with the model's name, which holds the run id and the random job id,
+so the state is compared without ``tokens_used`` and with model names reduced to their
+base model), the server must hold exactly one job per
+(iteration, group) and no rollout file may change once written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nip_core.llm.testing import local_api_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+KILL_POINTS = [
+    "0:sample_rollouts:before_save", "0:sample_rollouts:end", "0:log_stats:end",
+    "0:test_during_training:end", "0:create_fine_tune_jobs:after_prover", "0:create_fine_tune_jobs:end",
+    "0:await_fine_tune_jobs:start", "0:await_fine_tune_jobs:end", "1:sample_rollouts:before_save",
+    "1:test_during_training:end", "2:test:start",
+]
+REPO = Path(__file__).resolve().parents[3]
+
+
+def main() -> None:
+    """Driver: ``argv = runs_dir run_id base_url``; trains (resuming) pure_text_ei."""
+    import nip_core.trainers.catalogue  # noqa: F401
+    from nip_core.parameters import HyperParameters
+    from nip_core.settings import ExperimentSettings
+    from nip_core.trainers.base import build_trainer
+
+    runs_dir, run_id, url = sys.argv[1:4]
+    hp = HyperParameters(scenario="code_validation", trainer="pure_text_ei", dataset="nipflow-cv",
+                         rl={"num_iterations": 2, "rollouts_per_iteration": 24, "num_test_iterations": 1},
+                         nip_protocol={"max_message_rounds": 4},
+                         dataset_options={"max_train_size": 24, "max_test_size": 4},
+                         text_rl={"verifier_guess_replacement_proportion": 0.5, "test_scheme": "last"})
+    st = ExperimentSettings(use_wandb=False, runs_dir=runs_dir, run_id=run_id, openai_base_url=url,
+                            fine_tune_poll_interval_s=0.1, fine_tune_poll_max_interval_s=0.5,
+                            max_concurrent_requests=8, show_progress=False)
+    trainer = build_trainer(hp, st)
+    with trainer.run.lock:
+        trainer.train()
+    trainer.close()
+
+
+def drive(runs_dir: Path, run_id: str, url: str, kill_points: list[str], markers: Path) -> int:
+    env = {**os.environ, "NIPFLOW_TEST_KILL_AT": ",".join(kill_points), "NIPFLOW_TEST_KILL_MARKERS": str(markers),
+           "PYTHONPATH": str(REPO)}
+    code = "from tests.nip_core.trainers.test_pure_text_resume import main; main()"
+    proc = subprocess.run([sys.executable, "-c", code, str(runs_dir), run_id, url], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode not in (0, -signal.SIGKILL):
+        raise AssertionError(f"driver failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.returncode
+
+
+def rollout_files(run_dir: Path) -> dict[str, tuple[str, int]]:
+    out = {}
+    for p in sorted((run_dir / "rollouts").glob("*.json")) if (run_dir / "rollouts").exists() else []:
+        out[p.name] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+    return out
+
+
+def comparable_state(run_dir: Path) -> dict:
+    state = json.loads((run_dir / "state.json").read_text()) if (run_dir / "state.json").exists() else None
+    assert state is not None, f"no state in {run_dir}: {sorted(os.listdir(run_dir))}"
+    state.pop("tokens_used")
+    for g in state["shared_model_groups"].values():  # ids differ between servers' jobs; names carry run ids
+        g["fine_tune_job_id"] = g["fine_tune_job_id"] is not None
+        g["fine_tuned_model_name"] = (g["fine_tuned_model_name"] or "").split(":")[1:2]
+    return state
+
+
+def test_sigkill_in_every_stage_then_resume_matches_an_uninterrupted_run(tmp_path):
+    with local_api_server(tmp_path, job_time_scale=0.02) as server:
+        runs = tmp_path / "runs"
+        assert drive(runs, "clean", server.base_url, [], tmp_path) == 0
+        markers = tmp_path / "markers"
+        markers.mkdir()
+        seen: dict[str, tuple[str, int]] = {}
+        kills = 0
+        for _ in range(len(KILL_POINTS) + 2):
+            rc = drive(runs, "killed", server.base_url, KILL_POINTS, markers)
+            files = rollout_files(runs / "killed")
+            for name, fingerprint in seen.items():
+                assert files.get(name) == fingerprint, f"rollouts/{name} was lost or rewritten"
+            seen.update(files)
+            if rc == 0:
+                break
+            kills += 1
+        assert rc == 0 and kills == len(KILL_POINTS)
+        assert sorted(os.listdir(markers)) == sorted(p.replace(":", "_") for p in KILL_POINTS)
+        client = server.client()
+        jobs = [j for j in client.fine_tuning.jobs.list(limit=100).data
+                if (j.metadata or {}).get("nipflow_run_id") == "killed"]
+        keys = sorted((j.metadata["nipflow_iteration"], j.metadata["nipflow_group"]) for j in jobs)
+        assert keys == [("0", "prover"), ("0", "verifier")]
+        state = json.loads((runs / "killed" / "state.json").read_text())
+        assert {g: s["fine_tuned_model_name"] for g, s in state["shared_model_groups"].items()} == \
+            {j.metadata["nipflow_group"]: client.fine_tuning.jobs.retrieve(j.id).fine_tuned_model for j in jobs}
+        for group in ("prover", "verifier"):
+            files = [json.loads((runs / r / "fine_tune" / f"iter_0_{group}.json").read_text())["file_id"]
+                     for r in ("clean", "killed")]
+            assert client.files.content(files[0]).read() == client.files.content(files[1]).read()
+    assert set(seen) == {"0.json", "1.json", "test_1.json"}
+    assert rollout_files(runs / "clean")["0.json"][0] == rollout_files(runs / "killed")["0.json"][0]
+    assert comparable_state(runs / "killed") == comparable_state(runs / "clean")
