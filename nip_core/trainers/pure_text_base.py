@@ -146,6 +146,12 @@ class PureTextRlTrainer(Trainer):
                                        on_done=ctx.step)
         return rollouts, actor.tokens
 
+    def sample_train_rollouts(self, iteration: int) -> tuple[list[NestedArrayDict], int]:
+        """The training rollouts of ``iteration`` and the tokens spent (MALT samples trees instead)."""
+        n = self.rollouts_per_iteration
+        return self._sample(self.scenario.train_dataset, self.scenario.train_environment, n, n * iteration,
+                            f"train-{iteration}")
+
     def load_rollouts(self, name: str) -> list[NestedArrayDict]:
         return [NestedArrayDict.from_dict(d) for d in self.run.read_json(self._rollouts_path(name), "rollouts")]
 
@@ -178,9 +184,7 @@ class PureTextRlTrainer(Trainer):
         if self.run is not None and self.run.exists(self._rollouts_path(str(i))):
             rollouts = self.load_rollouts(str(i))  # written by an interrupted attempt: never rewrite
         else:
-            n = self.rollouts_per_iteration
-            rollouts, tokens = self._sample(self.scenario.train_dataset, self.scenario.train_environment,
-                                            n, n * i, f"train-{i}")
+            rollouts, tokens = self.sample_train_rollouts(i)
             self.state.tokens_used += tokens
             maybe_kill(i, "sample_rollouts", "before_save")
             self._save_rollouts(str(i), rollouts)
