@@ -209,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # one INFO line per HTTP request drowns the progress bars
+        for noisy in ("httpx", "httpx2", "httpcore", "openai"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return COMMANDS[args.command](args)
     except (ParameterError, NipflowError, UsageError) as e:

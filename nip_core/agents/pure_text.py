@@ -40,6 +40,7 @@ class PureTextSharedModelGroupState(BaseModel):
 
     fine_tune_job_id: str | None = None
     fine_tuned_model_name: str | None = None
+    last_status: str | None = None  # of the job, when it was last polled
 
 
 class PureTextWholeAgent:
@@ -171,6 +172,7 @@ class PureTextSharedModelGroup:
         record["job_id"] = job_id
         self._write_record(run, iteration, record)
         self.state.fine_tune_job_id = job_id
+        self.state.last_status = None
         return job_id
 
     def _before_create_hook(self, iteration: int) -> None:
@@ -186,13 +188,15 @@ class PureTextSharedModelGroup:
         """``pending``/``running``/``succeeded``/``failed``/``cancelled``."""
         job_id = self.state.fine_tune_job_id
         if job_id in (FROZEN_JOB_ID, INSUFFICIENT_DATA_JOB_ID):
+            self.state.last_status = "succeeded"
             return "succeeded"
         if job_id is None:
             raise ValueError(f"group {self.group_name}: no fine-tune job was created")
         status = self._client().fine_tuning.jobs.retrieve(job_id).status
         if status not in STATUS_MAP:
             raise UnknownJobStatusError(f"fine-tune job {job_id} (group {self.group_name}): status '{status}'")
-        return STATUS_MAP[status]
+        self.state.last_status = STATUS_MAP[status]
+        return self.state.last_status
 
     def get_fine_tune_job_error_repr(self) -> str:
         job_id = self.state.fine_tune_job_id

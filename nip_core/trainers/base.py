@@ -135,6 +135,11 @@ def build_trainer(hyper_params: HyperParameters, settings: ExperimentSettings | 
     from nip_core.trainers.registry import get_trainer_class
 
     settings = settings or ExperimentSettings()
+    if hyper_params.base_run.base_run_type != "none":
+        from nip_core.parameters.base_run import merge_with_base_run
+
+        base = RunStore(settings.runs_dir).load_params(hyper_params.base_run.run_id)
+        hyper_params = merge_with_base_run(hyper_params, base)
     if run is None and open_run and settings.run_id and not settings.test_run:
         run = RunStore(settings.runs_dir).open_run(settings.run_id, hyper_params,
                                                    on_params_mismatch=settings.on_params_mismatch)

@@ -4,7 +4,16 @@ Every stage runs through :meth:`PureTextRlTrainer.run_stage`, which refuses a st
 state is not at, runs the stage function of :data:`nip_core.trainers.stages.STAGE_FUNCTIONS`
 and writes the state atomically. Rollouts of iteration ``i`` are written once to
 ``rollouts/{i}.json`` (never rewritten: a sampling stage that finds the file reuses it),
-transcripts to ``transcripts/raw_{i}.{yaml|json}``.
+transcripts to ``transcripts/raw_{i}.{yaml|json}``, and the model each group samples
+iteration ``i`` with to ``models/iter_{i}.json`` (also written once).
+
+Rerun-tests mode (``base_run.base_run_type == "rerun_tests"``; the hyper-parameters are
+the base run's except the preserved test fields, see
+:mod:`nip_core.parameters.base_run`): iteration ``i`` loads the base run's
+``models/iter_{i}.json`` instead of sampling and fine-tuning, and runs the test loop where
+the (current) test scheme asks for it. The stages are the same (``sample_rollouts`` ->
+``test_during_training`` -> next iteration), so a rerun resumes like any run; it stops at
+the first iteration the base run never reached.
 """
 
 from __future__ import annotations
@@ -75,6 +84,13 @@ class PureTextRlTrainer(Trainer):
         self.agent_names = list(self.protocol_handler.agent_names)
         self.verifier_index = self.agent_names.index("verifier")
         self._push_group_states()
+        base = self.hyper_params.base_run
+        self.rerun_tests = base.base_run_type == "rerun_tests"
+        self._base_run = None
+        if self.rerun_tests:
+            from nip_core.runs import RunStore
+
+            self._base_run = RunStore(self.settings.runs_dir).open_run(base.run_id)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -128,8 +144,13 @@ class PureTextRlTrainer(Trainer):
         return summary
 
     def train(self) -> None:
-        while self.next_stage()[1] != "done":
-            self.run_stage(self.next_stage()[1])
+        with self.make_iteration_context(self.num_iterations, "iterations") as bar:
+            bar.step(min(self.state.iteration, self.num_iterations))
+            while self.next_stage()[1] != "done":
+                before = self.state.iteration
+                self.run_stage(self.next_stage()[1])
+                if self.state.iteration > before and self.state.iteration <= self.num_iterations:
+                    bar.step(self.state.iteration - before)
 
     # -- sampling ---------------------------------------------------------------------------
 
@@ -178,9 +199,35 @@ class PureTextRlTrainer(Trainer):
 
     # -- stage functions -------------------------------------------------------------------
 
+    def _models_path(self, iteration: int) -> str:
+        return f"models/iter_{iteration}.json"
+
+    def _record_models(self, iteration: int) -> None:
+        if self.run is not None and not self.run.exists(self._models_path(iteration)):
+            self.run.write_json(self._models_path(iteration), {n: g.model_name for n, g in self.groups.items()})
+
+    def _load_base_run_models(self, iteration: int) -> bool:
+        """Rerun mode: use the models the base run sampled ``iteration`` with; False if it never got there."""
+        path = self._models_path(iteration)
+        if not self._base_run.exists(path):
+            return False
+        models = self._base_run.read_json(path, "base run models")
+        for name, g in self.groups.items():
+            if name not in models:
+                raise NipflowError(f"base run '{self._base_run.run_id}' {path} has no model for group '{name}'")
+            g.state.fine_tuned_model_name = None if models[name] == g.params.model_name else models[name]
+        return True
+
     def _stage_sample_rollouts(self, summary: dict) -> tuple[int, str]:
         i = self.state.iteration
         self.logger.info("[%d/%d] Iteration begins", i + 1, self.num_iterations)
+        if self.rerun_tests:
+            if not self._load_base_run_models(i):
+                self.logger.info("base run '%s' has no iteration %d: rerun complete", self._base_run.run_id, i)
+                return self.num_iterations, "test"
+            self._record_models(i)
+            return i, "test_during_training"
+        self._record_models(i)
         if self.run is not None and self.run.exists(self._rollouts_path(str(i))):
             rollouts = self.load_rollouts(str(i))  # written by an interrupted attempt: never rewrite
         else:
@@ -221,6 +268,8 @@ class PureTextRlTrainer(Trainer):
             stats = rollout_stats(rollouts, self.agent_names, self.verifier_index, prefix="test_")
             self.log_stats(stats, i, kind="test")
             summary["metrics"] = stats
+        if self.rerun_tests:
+            return (i + 1, "sample_rollouts") if i + 1 < self.num_iterations else (self.num_iterations, "test")
         if i >= self.num_iterations - 1:
             return self.num_iterations, "test"
         return i, "create_fine_tune_jobs"
@@ -247,13 +296,32 @@ class PureTextRlTrainer(Trainer):
         return {name: g.get_fine_tune_job_status() for name, g in self.groups.items()}
 
     def run_await_stage(self, block: bool) -> dict[str, Any]:
-        """Wait for the jobs (backoff, bounded by ``fine_tune_wait_timeout_s``); see the stage API."""
+        """Wait for the jobs (backoff, bounded by ``fine_tune_wait_timeout_s``); see the stage API.
+
+        Every change of a job's status is saved in the state (``nipflow status`` shows it);
+        blocking waits show a progress bar over the groups.
+        """
+        if not block:
+            return self._check_jobs(block=False)
+        with self.make_iteration_context(len(self.groups), f"it {self.state.iteration}: fine-tune jobs") as bar:
+            return self._check_jobs(block=True, bar=bar)
+
+    def _check_jobs(self, block: bool, bar: Any = None) -> dict[str, Any]:
         i = self.state.iteration
         interval = self.settings.fine_tune_poll_interval_s
         deadline = None if self.settings.fine_tune_wait_timeout_s is None \
             else time.monotonic() + self.settings.fine_tune_wait_timeout_s
+        done = 0
         while True:
+            before = {n: g.state.last_status for n, g in self.groups.items()}
             statuses = self.poll_fine_tune_jobs()
+            if statuses and any(before.get(n) != s for n, s in statuses.items()) and self.run is not None:
+                self.save_state()
+            if bar is not None:
+                finished = sum(s == "succeeded" for s in statuses.values())
+                bar.step(finished - done)
+                done = finished
+                bar.set_postfix(**statuses)
             for name, s in statuses.items():
                 if s in ("failed", "cancelled"):
                     g = self.groups[name]
