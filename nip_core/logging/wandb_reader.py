@@ -50,10 +50,10 @@ def iter_raw_records(path: str) -> Iterator[bytes]:
 
 
 def read_offline_run(run_file: str) -> dict[str, Any]:
-    """Summarise one offline run file: run id, config, and the history rows."""
+    """Summarise one offline run file: run id, config, history rows and logged artifacts."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    out: dict[str, Any] = {"run_id": None, "config": {}, "history": []}
+    out: dict[str, Any] = {"run_id": None, "config": {}, "history": [], "artifacts": []}
     for raw in iter_raw_records(run_file):
         record = pb.Record()
         record.ParseFromString(raw)
@@ -65,6 +65,10 @@ def read_offline_run(run_file: str) -> dict[str, Any]:
         elif kind == "config":
             for item in record.config.update:
                 out["config"][item.key] = json.loads(item.value_json)
+        elif kind == "artifact":
+            art = record.artifact
+            out["artifacts"].append({"name": art.name, "type": art.type,
+                                     "files": sorted(e.path for e in art.manifest.contents)})
         elif kind == "history":
             row = {}
             for item in record.history.item:

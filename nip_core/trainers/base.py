@@ -109,6 +109,32 @@ class Trainer(ABC):
 
     # -- logging -----------------------------------------------------------------------------
 
+    def log_run_artifact(self, prefix: str, artifact_type: str, rel_paths: list[str]) -> None:
+        """Log run-store files as a new version of the artifact ``{prefix}_{run_id}`` (W&B naming).
+
+        Names follow the original library: ``checkpoint_{id}``, ``state_{id}``,
+        ``full_rollouts_{id}``, ``raw_transcript_{id}``. Files of a remote run store are
+        staged through a temporary directory. No-op without a run.
+        """
+        if self.run is None or self.settings.test_run:
+            return
+        storage = self.run.storage
+        if storage.local:
+            self.stat_logger.log_artifact(f"{prefix}_{self.run.run_id}", artifact_type,
+                                          [storage.full(rel) for rel in rel_paths])
+            return
+        import os
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for rel in rel_paths:
+                path = os.path.join(tmp, rel.replace("/", "__"))
+                with open(path, "wb") as f:
+                    f.write(storage.read_bytes(rel))
+                paths.append(path)
+            self.stat_logger.log_artifact(f"{prefix}_{self.run.run_id}", artifact_type, paths)
+
     def log_stats(self, stats: dict[str, Any], iteration: int | None, kind: str = "train") -> None:
         self.stat_logger.log(stats, step=iteration, kind=kind)
         if iteration is not None and kind == "train":

@@ -138,6 +138,7 @@ class PureTextRlTrainer(Trainer):
         nxt = getattr(self, STAGE_FUNCTIONS[stage])(summary)
         self.state.iteration, self.state.train_loop_stage = nxt
         self.save_state()
+        self.log_run_artifact("state", "state", ["state.json", "hyper_params.json"])
         maybe_kill(iteration, stage, "end")
         self.hooks.on_stage_end(stage, iteration)
         summary["next_iteration"], summary["next_stage"] = nxt
@@ -180,15 +181,17 @@ class PureTextRlTrainer(Trainer):
         if self.run is None or self.settings.test_run:
             return
         self.run.write_json(self._rollouts_path(name), [r.to_dict() for r in rollouts])
+        self.log_run_artifact("full_rollouts", "full_rollouts", [self._rollouts_path(name)])
         text_rl = self.hyper_params.text_rl
         if text_rl.save_transcripts:
             data = [raw_transcript(r, self.agent_names) for r in rollouts]
             ext = text_rl.transcript_format
-            body = yaml.safe_dump(data, sort_keys=False) if ext == "yaml" else None
-            if body is None:
-                self.run.write_json(f"transcripts/raw_{name}.json", data)
+            path = f"transcripts/raw_{name}.{ext}"
+            if ext == "yaml":
+                self.run.storage.write_bytes(path, yaml.safe_dump(data, sort_keys=False).encode())
             else:
-                self.run.storage.write_bytes(f"transcripts/raw_{name}.yaml", body.encode())
+                self.run.write_json(path, data)
+            self.log_run_artifact("raw_transcript", "raw_transcript", [path])
 
     def _iteration_rollouts(self, iteration: int) -> list[NestedArrayDict]:
         if getattr(self, "_cache", None) and self._cache[0] == iteration:

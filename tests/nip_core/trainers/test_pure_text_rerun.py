@@ -8,6 +8,7 @@ import pytest
 
 import nip_core.trainers.catalogue  # noqa: F401
 from nip_core.llm.testing import local_api_server
+from nip_core.logging.wandb_reader import read_offline_runs
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.base_run import merge_with_base_run, preserved_fields
 from nip_core.settings import ExperimentSettings
@@ -49,16 +50,23 @@ def test_merge_keeps_only_the_preserved_fields_and_the_base_run_group():
 @pytest.mark.slow
 def test_rerun_tests_replays_the_base_runs_models(tmp_path):
     with local_api_server(tmp_path, job_time_scale=0.02) as server:
-        def settings(run_id):
-            return ExperimentSettings(use_wandb=False, runs_dir=str(tmp_path / "runs"), run_id=run_id,
+        def settings(run_id, use_wandb=False):
+            return ExperimentSettings(use_wandb=use_wandb, runs_dir=str(tmp_path / "runs"), run_id=run_id,
                                       openai_base_url=server.base_url, fine_tune_poll_interval_s=0.1,
                                       fine_tune_poll_max_interval_s=0.5, max_concurrent_requests=8,
                                       show_progress=False)
 
-        base = build_trainer(hp(), settings("base"))
+        base = build_trainer(hp(), settings("base", use_wandb=True))
         base.train()
         base.close()
         runs = tmp_path / "runs"
+        (wandb_run,) = read_offline_runs(str(runs / "base"))
+        artifacts = {(a["name"], a["type"], tuple(a["files"])) for a in wandb_run["artifacts"]}
+        assert {("full_rollouts_base", "full_rollouts", ("0.json",)), ("full_rollouts_base", "full_rollouts",
+                ("1.json",)), ("raw_transcript_base", "raw_transcript", ("raw_0.yaml",)),
+                ("raw_transcript_base", "raw_transcript", ("raw_1.yaml",)),
+                ("state_base", "state", ("hyper_params.json", "state.json"))} == artifacts
+        assert sum(a["name"] == "state_base" for a in wandb_run["artifacts"]) == 9  # one per stage run
         models = [json.loads((runs / "base" / "models" / f"iter_{i}.json").read_text()) for i in (0, 1)]
         assert models[0] == {"prover": "gpt-4o-mini-2024-07-18", "verifier": "gpt-4o-mini-2024-07-18"}
         assert models[1] != models[0]  # iteration 1 sampled with fine-tuned models
