@@ -243,12 +243,18 @@ class PureTextRlTrainer(Trainer):
 
     def _stage_log_stats(self, summary: dict) -> tuple[int, str]:
         i = self.state.iteration
-        stats = rollout_stats(self._iteration_rollouts(i), self.agent_names, self.verifier_index)
+        rollouts = self._iteration_rollouts(i)
+        stats = rollout_stats(rollouts, self.agent_names, self.verifier_index)
+        stats.update(self.extra_train_stats(rollouts))
         stats["tokens_used"] = float(self.state.tokens_used)
         stats["fine_tune_trained_tokens"] = float(self.state.last_trained_tokens)
         self.log_stats(stats, i)
         summary["metrics"] = stats
         return i, "test_during_training"
+
+    def extra_train_stats(self, rollouts: list[NestedArrayDict]) -> dict[str, float]:
+        """Trainer-specific statistics of an iteration's training rollouts (MALT: tree stats)."""
+        return {}
 
     def _should_test(self, i: int) -> bool:
         scheme, n = self.hyper_params.text_rl.test_scheme, self.num_iterations
@@ -342,11 +348,12 @@ class PureTextRlTrainer(Trainer):
     def _stage_await_fine_tune_jobs(self, summary: dict) -> tuple[int, str]:
         i = self.state.iteration
         self.run_await_stage(block=True)
-        trained = 0
-        for g in self.groups.values():
-            trained += g.trained_tokens()
+        trained = {}
+        for name, g in self.groups.items():
+            trained[name] = g.trained_tokens()
             g.switch_to_next_model()
-        self.state.last_trained_tokens = trained
+        self.state.last_trained_tokens = sum(trained.values())
+        summary["trained_tokens"] = trained
         return i + 1, "sample_rollouts"
 
     def _stage_test(self, summary: dict) -> tuple[int, str]:
