@@ -3,12 +3,14 @@
 A run that a flow finished successfully is marked in its ``metadata.json``
 (``completed_by_flow``, ``experiment``). ``scheduled_retraining`` (a cron deployment)
 finds the newest such run of the same experiment in the run store, copies its final
-checkpoints into the new run's ``warm_start/`` folder (recording
-``metadata.warm_start_from``), and trains the new run.
+checkpoint and final fine-tuned model names into the new run's ``warm_start/`` folder
+(recording ``metadata.warm_start_from``), and trains the new run, whose trainer starts
+from those models (``metadata.warm_started``; see :mod:`nip_core.trainers.warm_start`).
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timezone
 from typing import Any, Optional
 
@@ -16,12 +18,10 @@ from prefect import flow, get_run_logger
 
 from flows.parameters import ExperimentParameters
 from nip_core.runs import RunStore
+from nip_core.trainers.warm_start import WARM_START_DIR, WarmStartError, prepare_warm_start
 
-WARM_START_DIR = "warm_start"
-
-
-class WarmStartError(RuntimeError):
-    """The run to warm-start from cannot be used (names the run)."""
+__all__ = ["WARM_START_DIR", "WarmStartError", "apply_warm_start", "experiment_name", "latest_successful_run",
+           "mark_completed", "scheduled_retraining"]
 
 
 def experiment_name(parameters: ExperimentParameters) -> str:
@@ -52,26 +52,38 @@ def latest_successful_run(runs_dir: str, experiment: str, exclude: str | None = 
 
 
 def apply_warm_start(run: Any, source_run_id: str, runs_dir: str) -> list[str]:
-    """Copy ``source_run_id``'s checkpoints into ``run``'s ``warm_start/`` folder.
+    """Prepare ``run``'s ``warm_start/`` folder from ``source_run_id``'s final models.
 
-    Does nothing for a run that already has a state (a resumed run keeps its own).
-    Returns the copied checkpoint names.
+    Copies the source's final checkpoint (TensorDict trainers) and its groups' final
+    fine-tuned model names (``warm_start/models.json``, pure-text trainers), see
+    :func:`nip_core.trainers.warm_start.prepare_warm_start`; the trainers load them before
+    their first iteration. Does nothing for a run that already has a state (a resumed run
+    keeps its own). Returns the copied checkpoint names.
+
+    Raises
+    ------
+    WarmStartError
+        If ``source_run_id`` is not in ``runs_dir``.
     """
     if run.has_state():
         return []
     store = RunStore(runs_dir)
     if not store.exists(source_run_id):
         raise WarmStartError(f"warm start: run '{source_run_id}' not found in {store.storage.url()}")
-    source = store.open_run(source_run_id)
-    names = source.list_checkpoints()
-    for name in names:
-        for suffix in (".pt", ".json"):
-            rel = f"checkpoints/{name}{suffix}"
-            if source.exists(rel):
-                run.storage.write_bytes(f"{WARM_START_DIR}/{name}{suffix}", source.storage.read_bytes(rel))
-    run.update_metadata(warm_start_from={"run_id": source_run_id, "location": source.location,
-                                         "checkpoints": sorted(names)})
-    return names
+    record = prepare_warm_start(run, store.open_run(source_run_id))
+    _flow_logger().info("run %s: warm start from run %s (checkpoint %s, models %s)", run.run_id, source_run_id,
+                        record.get("checkpoint"), record.get("models"))
+    return list(record.get("checkpoints", []))
+
+
+def _flow_logger():
+    """The flow run's logger inside a flow run, else this module's logger."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
 
 
 @flow(name="scheduled_retraining", persist_result=True)

@@ -68,6 +68,9 @@ def test_killed_run_resumes_with_one_wandb_run_and_no_duplicates(tmp_path):
     steps = [row["_step"] for r in wandb_runs for row in r["history"] if "mean_accuracy" in row]
     assert len(steps) == len(set(steps))  # no step logged twice to W&B
     assert wandb_runs[-1]["config"]["rl"]["num_iterations"] == 8  # the killed file may lack its run record
+    artifacts = [a for r in wandb_runs for a in r["artifacts"]]  # one checkpoint version per iteration
+    assert {(a["name"], a["type"]) for a in artifacts} == {("checkpoint_trk", "checkpoint")}
+    assert ["iter_000008.json", "iter_000008.pt"] in [a["files"] for a in wandb_runs[-1]["artifacts"]]
 
     for path in (runs / "trk").rglob("*"):
         if path.is_file():

@@ -132,6 +132,10 @@ class PureTextRlTrainer(Trainer):
         iteration, current = self.next_stage()
         if stage != current or stage == "done":
             raise StageOrderError(stage, iteration, current)
+        if (iteration, stage) == (0, "sample_rollouts"):  # here, not in __init__: flows add warm_start/ later
+            from nip_core.trainers.warm_start import warm_start_pure_text
+
+            warm_start_pure_text(self)
         self._push_group_states()
         maybe_kill(iteration, stage, "start")
         summary: dict[str, Any] = {"iteration": iteration, "stage": stage}

@@ -208,10 +208,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
             return
         buffer = io.BytesIO()
         torch.save(self.checkpoint_state(), buffer)
-        self.run.save_checkpoint_bytes(checkpoint_name(self._memory_iteration), buffer.getvalue(),
-                                       iteration=self._memory_iteration)
+        name = checkpoint_name(self._memory_iteration)
+        self.run.save_checkpoint_bytes(name, buffer.getvalue(), iteration=self._memory_iteration)
         self.state.iteration = self._memory_iteration
         self.save_state()
+        self.log_run_artifact("checkpoint", "checkpoint", [f"checkpoints/{name}.pt", f"checkpoints/{name}.json"])
 
     def latest_checkpoint_iteration(self, upto: int | None = None) -> int | None:
         """The newest checkpointed iteration (at most ``upto`` when given)."""
@@ -235,6 +236,30 @@ class TensorDictRlTrainer(TensorDictTrainer):
             return False
         self.restore_checkpoint(latest)
         return True
+
+    def maybe_warm_start(self) -> bool:
+        """Load the warm-start agents of a run that has no state yet (see :mod:`.warm_start`).
+
+        Only the agents' weights are loaded: the run still starts at iteration 0 with a
+        fresh optimiser, its own loss-module state, normaliser statistics and RNG streams
+        (the reasons are in :mod:`nip_core.trainers.warm_start`). Called by
+        :meth:`run_iterations` before the first iteration; at most once per trainer object.
+
+        Raises
+        ------
+        CorruptCheckpointError
+            If the warm-start checkpoint fails its sha256 manifest (names the file).
+        WarmStartError
+            If its weights do not fit this run's agents (names the tensors).
+        """
+        if (self.run is None or self.settings.test_run or self._memory_iteration != 0
+                or getattr(self, "_warm_start_checked", False) or self.run.has_state()):
+            return False
+        from nip_core.trainers.warm_start import load_warm_start_agents
+
+        record = load_warm_start_agents(self.run, self.agents)  # logs and records metadata.warm_started
+        self._warm_start_checked = True
+        return record is not None
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -260,8 +285,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
                     f"{self.run.location if self.run else '<no run>'}", "initial state (build a new trainer "
                     "to restart from iteration 0)")
             self.restore_checkpoint(start)
-        else:
-            self.restore_latest_checkpoint(upto=stop)
+        elif not self.restore_latest_checkpoint(upto=stop) and start == 0:
+            self.maybe_warm_start()
         if self._memory_iteration < start:
             raise CheckpointNotFoundError(
                 f"{self.run.location if self.run else '<no run>'}/checkpoints/{checkpoint_name(start)}",
