@@ -1,0 +1,22 @@
+"""Child process of ``test_pure_text_flow_real.py``: ``train_experiment`` with the real trainers.
+
+Usage: ``python run_real_pure_text.py '<ExperimentParameters JSON>' TAG``. The flow run is
+tagged ``TAG`` so that the test finds it through the Prefect API even when this process
+SIGKILLs itself (``NIPFLOW_TEST_KILL_AT``) before the flow run ends.
+"""
+
+import sys
+
+import torch
+
+torch.set_num_threads(1)
+
+from prefect import tags  # noqa: E402
+
+from flows.experiment import train_experiment  # noqa: E402
+from flows.parameters import ExperimentParameters  # noqa: E402
+
+if __name__ == "__main__":
+    with tags(sys.argv[2]):
+        state = train_experiment(ExperimentParameters.model_validate_json(sys.argv[1]), return_state=True)
+    sys.exit(0 if state.is_completed() else 1)
