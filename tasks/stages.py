@@ -54,8 +54,10 @@ def execute_stage(trainer: Any, stage: str, iteration: int) -> dict[str, Any]:
     refresh_state(trainer)
     current = trainer.next_stage()
     if stage_position(*current) > stage_position(iteration, stage):
-        return {"iteration": iteration, "stage": stage, "next_iteration": current[0],
-                "next_stage": current[1], "recovered_from_state": True}
+        stored = getattr(trainer, "stored_stage_summary", None)
+        summary = (stored(iteration, stage) if callable(stored) else None) or {
+            "iteration": iteration, "stage": stage, "next_iteration": current[0], "next_stage": current[1]}
+        return {**summary, "recovered_from_state": True}
     # A stage ahead of the state is refused by run_stage (StageOrderError).
     summary = dict(trainer.run_stage(stage))
     summary.setdefault("iteration", iteration)

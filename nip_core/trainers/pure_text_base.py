@@ -140,13 +140,29 @@ class PureTextRlTrainer(Trainer):
         maybe_kill(iteration, stage, "start")
         summary: dict[str, Any] = {"iteration": iteration, "stage": stage}
         nxt = getattr(self, STAGE_FUNCTIONS[stage])(summary)
+        summary["next_iteration"], summary["next_stage"] = nxt
+        if self.run is not None and not self.settings.test_run:  # before the state: see stored_stage_summary
+            self.run.write_json(self._summary_path(iteration, stage), summary)
         self.state.iteration, self.state.train_loop_stage = nxt
         self.save_state()
         self.log_run_artifact("state", "state", ["state.json", "hyper_params.json"])
         maybe_kill(iteration, stage, "end")
         self.hooks.on_stage_end(stage, iteration)
-        summary["next_iteration"], summary["next_stage"] = nxt
         return summary
+
+    def _summary_path(self, iteration: int, stage: str) -> str:
+        return f"stages/it{iteration}_{stage}.json"
+
+    def stored_stage_summary(self, iteration: int, stage: str) -> dict[str, Any] | None:
+        """The summary ``run_stage`` returned for a completed stage (None if not stored).
+
+        It is written before the state moves past the stage, so a process that died
+        between the two leaves a summary of the stage that the state shows as done
+        (orchestrators rebuild their view of a recovered stage from it).
+        """
+        if self.run is None or not self.run.exists(self._summary_path(iteration, stage)):
+            return None
+        return self.run.read_json(self._summary_path(iteration, stage), "stage summary")
 
     def train(self) -> None:
         with self.make_iteration_context(self.num_iterations, "iterations") as bar:

@@ -192,6 +192,11 @@ def test_real_pure_text_flow_sigkilled_in_every_stage_resumes_to_the_clean_resul
         recovered = {n for n in TASK_NAMES if _stage_result(runs / "killed", n).get("recovered_from_state")}
         assert recovered == RECOVERED == {"log_stats[it=0]", "create_fine_tune_jobs[it=0]",
                                           "await_fine_tune_jobs[it=0]", "sample_rollouts[it=1]"}
+        # a recovered stage still reports what it did (the flow summary lists jobs and tokens from it)
+        killed_jobs = _stage_result(runs / "killed", "create_fine_tune_jobs[it=0]")["jobs"]
+        assert set(killed_jobs) == {"prover", "verifier"} and all(j.startswith("ftjob-") for j in killed_jobs.values())
+        assert set(_stage_result(runs / "killed", "await_fine_tune_jobs[it=0]")["trained_tokens"]) == \
+            {"prover", "verifier"}
 
         # exactly one fine-tune job per (iteration, group), and the state uses their models
         client = server.client()
