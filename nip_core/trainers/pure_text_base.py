@@ -313,9 +313,25 @@ class PureTextRlTrainer(Trainer):
     def _iteration_rollouts_any(self, it: int) -> list[NestedArrayDict]:
         return self._iteration_rollouts(it) if it == self.state.iteration else self.load_rollouts(str(it))
 
+    fine_tune_method: str = "supervised"  # or "dpo": which kind of job the groups create
+
     @abstractmethod
+    def agent_fine_tune_examples(self, agent: str, rollouts: list[NestedArrayDict]) -> list[dict]:
+        """The fine-tune examples of ``agent`` (SFT chats or DPO pairs) from ``rollouts``."""
+
     def _stage_create_fine_tune_jobs(self, rollouts: list[NestedArrayDict]) -> dict[str, str]:
-        """Create one job per shared model group; return ``{group: job_id}``."""
+        """Create (or adopt) one job per shared model group; return ``{group: job_id}``."""
+        jobs = {}
+        i = self.state.iteration
+        for name, group in self.groups.items():
+            examples = [e for agent in group.agent_names for e in self.agent_fine_tune_examples(agent, rollouts)]
+            create = group.create_dpo_fine_tune_job if self.fine_tune_method == "dpo" \
+                else group.create_supervised_fine_tune_job
+            jobs[name] = create(examples, run=self.run, run_id=self.run_id, iteration=i,
+                                seed=stable_seed(self.hyper_params.seed, i, name, modulus=2**31))
+            self.save_state()  # the job id is in the state before the next group's call
+            maybe_kill(i, "create_fine_tune_jobs", f"after_{name}")
+        return jobs
 
     def poll_fine_tune_jobs(self) -> dict[str, str]:
         """Non-blocking status of every group's job of the current iteration."""

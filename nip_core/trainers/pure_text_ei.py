@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from nip_core.environments.nested_array_dict import NestedArrayDict
-from nip_core.trainers.pure_text_base import PureTextRlTrainer, maybe_kill
+from nip_core.trainers.pure_text_base import PureTextRlTrainer
 from nip_core.trainers.pure_text_rollouts import stable_seed
 from nip_core.trainers.pure_text_stats import NoAssistantMessageError, episode_rewards, fine_tune_messages
 from nip_core.trainers.registry import register_trainer
@@ -59,7 +59,7 @@ class PureTextEiTrainer(PureTextRlTrainer):
                                             t.verifier_guess_replacement_annealing,
                                             t.verifier_guess_replacement_annealing_rate, iteration)
 
-    def agent_examples(self, agent: str, rollouts: list[NestedArrayDict]) -> list[dict]:
+    def agent_fine_tune_examples(self, agent: str, rollouts: list[NestedArrayDict]) -> list[dict]:
         """The SFT examples of ``agent`` from ``rollouts``."""
         i = self.state.iteration
         hp = self.hyper_params
@@ -84,14 +84,3 @@ class PureTextEiTrainer(PureTextRlTrainer):
                 continue
             examples.append({"messages": msgs})
         return examples
-
-    def _stage_create_fine_tune_jobs(self, rollouts: list[NestedArrayDict]) -> dict[str, str]:
-        jobs = {}
-        for name, group in self.groups.items():
-            examples = [e for agent in group.agent_names for e in self.agent_examples(agent, rollouts)]
-            jobs[name] = group.create_supervised_fine_tune_job(
-                examples, run=self.run, run_id=self.run_id, iteration=self.state.iteration,
-                seed=stable_seed(self.hyper_params.seed, self.state.iteration, name, modulus=2**31))
-            self.save_state()  # the job id is in the state before the next group's call
-            maybe_kill(self.state.iteration, "create_fine_tune_jobs", f"after_{name}")
-        return jobs

@@ -60,7 +60,7 @@ import numpy as np
 
 from nip_core.environments.nested_array_dict import NestedArrayDict, stack_nested_array_dicts
 from nip_core.scenarios.code_validation.text_protocols import build_chat_messages
-from nip_core.trainers.pure_text_base import PureTextRlTrainer, maybe_kill
+from nip_core.trainers.pure_text_base import PureTextRlTrainer
 from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, history_of, stable_seed
 from nip_core.trainers.registry import register_trainer
 
@@ -308,6 +308,7 @@ class PureTextMaltTrainer(PureTextRlTrainer):
     """MALT: response trees, expected-reward labels, DPO on positive/negative sibling pairs."""
 
     trainer_name = "pure_text_malt"
+    fine_tune_method = "dpo"
 
     @property
     def reward_thresholds(self) -> np.ndarray:
@@ -335,12 +336,12 @@ class PureTextMaltTrainer(PureTextRlTrainer):
     def extra_train_stats(self, rollouts: list[NestedArrayDict]) -> dict[str, float]:
         stats = tree_stats(rollouts, self.agent_names)
         for agent in self.agent_names:
-            stats[f"{agent}.dpo_pairs"] = float(len(self.agent_dpo_examples(agent, rollouts)))
+            stats[f"{agent}.dpo_pairs"] = float(len(self.agent_fine_tune_examples(agent, rollouts)))
         return stats
 
     # -- fine-tuning ----------------------------------------------------------------------------
 
-    def agent_dpo_examples(self, agent: str, rollouts: list[NestedArrayDict]) -> list[dict]:
+    def agent_fine_tune_examples(self, agent: str, rollouts: list[NestedArrayDict]) -> list[dict]:
         """DPO examples of ``agent``: one per decision point where it has a usable pair."""
         i = self.agent_names.index(agent)
         env = self.scenario.train_environment
@@ -367,14 +368,3 @@ class PureTextMaltTrainer(PureTextRlTrainer):
                                  "preferred_output": [{"role": "assistant", "content": str(good)}],
                                  "non_preferred_output": [{"role": "assistant", "content": str(bad)}]})
         return examples
-
-    def _stage_create_fine_tune_jobs(self, rollouts: list[NestedArrayDict]) -> dict[str, str]:
-        jobs = {}
-        for name, group in self.groups.items():
-            examples = [e for agent in group.agent_names for e in self.agent_dpo_examples(agent, rollouts)]
-            jobs[name] = group.create_dpo_fine_tune_job(
-                examples, run=self.run, run_id=self.run_id, iteration=self.state.iteration,
-                seed=stable_seed(self.hyper_params.seed, self.state.iteration, name, modulus=2**31))
-            self.save_state()  # the job id is in the state before the next group's call
-            maybe_kill(self.state.iteration, "create_fine_tune_jobs", f"after_{name}")
-        return jobs

@@ -202,7 +202,7 @@ def test_two_iteration_malt_run(tmp_path, server):
         # a resumed run rebuilds exactly these examples from the saved rollouts
         reloaded = t.load_rollouts("0")
         assert [json.loads(x) for x in lines] == [e for a in group.agent_names
-                                                  for e in t.agent_dpo_examples(a, reloaded)]
+                                                  for e in t.agent_fine_tune_examples(a, reloaded)]
         for line in lines:
             ex = json.loads(line)
             assert check_example(ex) == "preference"
