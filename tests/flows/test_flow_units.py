@@ -128,7 +128,7 @@ def test_deployment_file_entrypoints_and_parameters():
     names = {d["name"] for d in spec["deployments"]}
     assert {"nip-gi-ppo", "cv-ei", "rl-block", "fine-tune-watcher", "sweep", "retrain-gi-ppo"} <= names
     for d in spec["deployments"]:
-        flow = load_flow_from_entrypoint(str(root / d["entrypoint"]))
+        flow = load_flow_from_entrypoint(d["entrypoint"])  # a module path: flows.x.flow_fn
         if d.get("parameters"):
             flow.validate_parameters(d["parameters"])
         if "parameters" in d.get("parameters", {}):

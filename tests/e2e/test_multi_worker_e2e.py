@@ -1,0 +1,280 @@
+"""Several real workers against one real server: the ``gpu`` limit and a spread sweep.
+
+Real processes only: ``prefect server start``, ``nipflow prefect setup --gpus 1`` and
+``prefect deploy --all`` from ``deployments/prefect.yaml`` (module-wide, see
+``tests/e2e/conftest.py``), and ``prefect worker start`` processes of the process type.
+
+The trainers are the cheap fakes of ``tests/flows/nipflow_fakes.py`` (``vanilla_ppo`` and
+``pure_text_ei``), with execution records that name the process and, for RL blocks, the
+wall-clock interval of the block (``tests/e2e/e2e_site/e2e_fakes.py``). They reach the
+flow-run processes of the workers through ``tests/e2e/e2e_site/sitecustomize.py``: that
+directory is on the workers' ``PYTHONPATH`` with ``NIPFLOW_E2E_FAKES=1``, and a process
+worker passes its environment to its flow runs. The deployed code is unchanged. (The real
+GI trainer cannot run here on ``nipflow-gpu``: that pool's job variables set
+``NIPFLOW_DEVICE=cuda``.)
+
+1. Two GI experiments started together through ``train_experiment/nip-gi-ppo``, one CPU
+   worker and *two* GPU workers: every RL block is a ``rl_iteration_block`` flow run on
+   the GPU pool (``run_deployment``), and nothing but the ``gpu`` tag limit (1) keeps two
+   blocks' ``train_iterations`` tasks from running at the same time.
+2. A sweep of 4 points (deployment ``sweep/sweep`` -> ``train_experiment/sweep-point``)
+   over two CPU workers in different working directories that share one run store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from prefect_e2e_processes import PREFECT, REPO, Worker, setup_and_deploy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+HERE = Path(__file__).resolve().parent
+FAKES_PATH = os.pathsep.join([str(REPO), str(REPO / "tests" / "flows"), str(HERE / "e2e_site")])
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
+BLOCK_SLEEP_S = 3  # inside each block: long enough that two blocks would overlap without the limit
+
+
+def worker_env(runs_dir: Path, name: str, **extra: str) -> dict[str, str]:
+    """A worker (and its flow runs) with the fake trainers and a shared run store."""
+    return {"NIPFLOW_PROJECT_DIR": str(REPO), "NIPFLOW_RUNS_DIR": str(runs_dir),
+            "PREFECT_WORKER_QUERY_SECONDS": "2", "PYTHONPATH": FAKES_PATH,
+            "NIPFLOW_E2E_FAKES": "1", "E2E_WORKER_NAME": name, **extra}
+
+
+def start_worker_with_limit(workers, server, workdir: Path, *, pool: str, name: str, limit: int,
+                            env: dict[str, str]) -> Worker:
+    """``conftest.start_worker`` with ``--limit`` (at most ``limit`` flow runs at once).
+
+    The worker joins the ``workers`` fixture's list, which stops it after the test.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / f"{name}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool, "--name", name, "--type", "process",
+                                 "--limit", str(limit)],
+                                cwd=workdir, env=server.client_env(home=workdir / "prefect-home", **env),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    worker = Worker(name=name, proc=proc, log=log, workdir=workdir)
+    workers.append(worker)
+    return worker
+
+
+def stop_workers_together(workers) -> None:
+    """Stop idle workers at once: SIGINT, then a second SIGINT (prefect_notes.md §6: one
+    signal is not enough); the fixture's ``Worker.stop`` then finds them gone. Saves
+    about 10 s per worker over stopping them one after the other."""
+    for sig in (signal.SIGINT, signal.SIGINT):
+        for worker in workers:
+            if worker.alive():
+                try:
+                    os.killpg(worker.proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+        time.sleep(1.0)
+    for worker in workers:
+        try:
+            worker.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+class Api:
+    """Prefect API reads through Prefect's sync client (the test process has no profile)."""
+
+    def __init__(self, api_url: str):
+        self.api_url = api_url
+
+    def client(self):
+        from prefect.client.orchestration import SyncPrefectClient
+
+        return SyncPrefectClient(self.api_url)
+
+    def start(self, deployment_name: str, parameters: dict) -> str:
+        with self.client() as client:
+            deployment = client.read_deployment_by_name(deployment_name)
+            return str(client.create_flow_run_from_deployment(deployment.id, parameters=parameters).id)
+
+    def flow_run(self, flow_run_id):
+        with self.client() as client:
+            return client.read_flow_run(flow_run_id)
+
+    def flow_runs(self, flow_name: str):
+        from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+        with self.client() as client:
+            return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
+
+    def task_runs(self, name_like: str):
+        from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+        with self.client() as client:
+            return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name_like)))
+
+
+def wait_for(predicate, what: str, timeout: float, logs: list[Path], interval: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    tails = "\n".join(f"--- {p}:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-60:])
+                      for p in logs if p.exists())
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")
+
+
+def records(runs_dir: Path, run_id: str, event: str) -> list[dict]:
+    path = runs_dir / run_id / "executions.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [r for r in rows if r.get("event") == event]
+
+
+def block_run_id(flow_run) -> str:
+    """The nipflow run id of an ``rl_iteration_block`` flow run (from its ``spec`` parameter)."""
+    return flow_run.parameters["spec"]["settings"]["run_id"]
+
+
+def overlaps(intervals: list[tuple[float, float, str]]) -> list[tuple[str, str]]:
+    """Pairs of labelled ``(start, end, label)`` intervals that share some time."""
+    ordered = sorted(intervals)
+    return [(a[2], b[2]) for i, a in enumerate(ordered) for b in ordered[i + 1:] if b[0] < a[1]]
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_server):
+    """``nipflow prefect setup --gpus 1`` and ``prefect deploy --all``, once for the module."""
+    setup_and_deploy(prefect_server)
+    return Api(prefect_server.api_url)
+
+
+def test_gpu_limit_keeps_rl_blocks_of_two_experiments_apart(prefect_server, deployed, workers, tmp_path):
+    started = time.monotonic()
+    api = deployed
+    runs_dir = tmp_path / "runs"
+    with api.client() as client:  # the limit `nipflow prefect setup --gpus 1` created
+        limit = client.read_concurrency_limit_by_tag("gpu")
+    assert (limit.tag, limit.concurrency_limit) == ("gpu", 1)
+
+    extra = {"E2E_BLOCK_SLEEP_S": str(BLOCK_SLEEP_S)}
+    started_workers = [
+        workers.start(tmp_path / "cpu", pool="nipflow-cpu", name="cpu-1", env=worker_env(runs_dir, "cpu-1", **extra)),
+        workers.start(tmp_path / "gpu-a", pool="nipflow-gpu", name="gpu-a", env=worker_env(runs_dir, "gpu-a", **extra)),
+        workers.start(tmp_path / "gpu-b", pool="nipflow-gpu", name="gpu-b", env=worker_env(runs_dir, "gpu-b", **extra)),
+    ]
+    logs = [w.log for w in started_workers]
+
+    run_ids = ["gi-lim-a", "gi-lim-b"]
+    flow_runs = {rid: api.start("train_experiment/nip-gi-ppo", {"parameters": {
+        "scenario": "graph_isomorphism", "trainer": "vanilla_ppo", "protocol": "nip", "run_id": rid,
+        "overrides": ["rl.num_iterations=2"], "block_size": 1}}) for rid in run_ids}
+    wait_for(lambda: all(api.flow_run(fr).state.type.value in TERMINAL for fr in flow_runs.values()),
+             "both experiments to finish", 240, logs, interval=2)
+    finished_after = time.monotonic() - started
+    stop_workers_together(started_workers)
+
+    states = {rid: api.flow_run(fr).state.type.value for rid, fr in flow_runs.items()}
+    assert states == {rid: "COMPLETED" for rid in run_ids}
+
+    # every block ran exactly once, each in a flow run on a GPU-pool worker
+    blocks = {rid: records(runs_dir, rid, "block") for rid in run_ids}
+    for rid in run_ids:
+        assert [(b["start"], b["stop"]) for b in blocks[rid]] == [(0, 1), (1, 2)], blocks[rid]
+        assert {b["worker"] for b in blocks[rid]} <= {"gpu-a", "gpu-b"}
+        state = json.loads((runs_dir / rid / "state.json").read_text())
+        assert state["iteration"] == 2
+    block_runs = [r for r in api.flow_runs("rl_iteration_block") if block_run_id(r) in run_ids]
+    assert len(block_runs) == 4
+    assert {(r.state.type.value, r.work_pool_name, "gpu" in r.tags) for r in block_runs} == {
+        ("COMPLETED", "nipflow-gpu", True)}
+
+    # no two blocks overlapped: neither as executed (the trainer's own clock) ...
+    executed = [(b["t0"], b["t1"], f"{rid}[{b['start']}:{b['stop']}]@{b['worker']}")
+                for rid in run_ids for b in blocks[rid]]
+    assert overlaps(executed) == []
+    # ... nor as the server saw the gpu-tagged tasks (Running -> Completed holds the slot)
+    tasks = [t for t in api.task_runs("train_iterations") if t.flow_run_id in {r.id for r in block_runs}]
+    assert len(tasks) == 4 and all("gpu" in t.tags and t.state.type.value == "COMPLETED" for t in tasks)
+    served = [(t.start_time.timestamp(), t.end_time.timestamp(), t.name) for t in tasks]
+    assert overlaps(served) == []
+    # ... although blocks of the two experiments were running as flow runs at the same time
+    # (so the limit, not the timing, kept their tasks apart: a block waited for the slot)
+    running = [(r.start_time.timestamp(), r.end_time.timestamp(), block_run_id(r)) for r in block_runs]
+    assert any(a != b for a, b in overlaps(running)), sorted(running)
+
+    t_zero = min(b[0] for b in executed)
+    print(f"\nboth experiments finished after {finished_after:.1f} s")
+    for t0, t1, label in sorted(executed):
+        print(f"block {label}: {t0 - t_zero:6.2f} .. {t1 - t_zero:6.2f} s")
+    by_block_run = sorted((r.start_time.timestamp(), r.end_time.timestamp(), r.name, block_run_id(r))
+                          for r in block_runs)
+    for s, e, name, rid in by_block_run:
+        print(f"flow run {rid}/{name}: running {s - t_zero:6.2f} .. {e - t_zero:6.2f} s")
+    for rid, fr in flow_runs.items():
+        run = api.flow_run(fr)
+        print(f"experiment {rid}: created {run.created.timestamp() - t_zero:6.2f}, running "
+              f"{run.start_time.timestamp() - t_zero:6.2f} .. {run.end_time.timestamp() - t_zero:6.2f} s")
+
+
+def test_sweep_points_spread_over_two_workers_in_separate_directories(prefect_server, deployed, workers, tmp_path):
+    started = time.monotonic()
+    api = deployed
+    runs_dir = tmp_path / "shared-runs"  # one run store for both workers
+    names = ["cpu-w1", "cpu-w2"]
+    # --limit 2 each: the sweep takes one slot, so one worker alone can never hold all 4 points
+    started_workers = [start_worker_with_limit(workers, prefect_server, tmp_path / f"wd-{name}", pool="nipflow-cpu",
+                                               name=name, limit=2, env=worker_env(runs_dir, name))
+                       for name in names]
+    logs = [w.log for w in started_workers]
+
+    sweep_id = "sw-e2e"
+    sweep_run = api.start("sweep/sweep", {
+        "base": {"scenario": "code_validation", "trainer": "pure_text_ei", "protocol": "nip",
+                 "overrides": ["rl.num_iterations=1"]},
+        "grid": {"seed": [1, 2, 3, 4]}, "sweep_id": sweep_id, "deployment_name": "train_experiment/sweep-point"})
+    wait_for(lambda: api.flow_run(sweep_run).state.type.value in TERMINAL, "the sweep to finish", 240, logs,
+             interval=2)
+    finished_after = time.monotonic() - started
+    stop_workers_together(started_workers)
+    assert api.flow_run(sweep_run).state.type.value == "COMPLETED"
+
+    run_ids = [f"{sweep_id}-{i:03d}" for i in range(4)]
+    children = {r.parameters["parameters"]["run_id"]: r for r in api.flow_runs("train_experiment")
+                if r.parameters["parameters"].get("run_id", "").startswith(sweep_id)}
+    assert sorted(children) == run_ids
+    assert {(r.state.type.value, r.work_pool_name) for r in children.values()} == {("COMPLETED", "nipflow-cpu")}
+
+    placement = {}
+    for rid in run_ids:
+        # the run store of each point is complete ...
+        state = json.loads((runs_dir / rid / "state.json").read_text())
+        assert (state["iteration"], state["train_loop_stage"]) == (1, "done")
+        # ... and names the process that trained it: the child's flow-run process, a child of one worker
+        (proc,) = records(runs_dir, rid, "process")
+        assert proc["worker"] in names
+        assert proc["prefect_home"] == str(tmp_path / f"wd-{proc['worker']}" / "prefect-home")
+        assert proc["cwd"] == str(REPO)  # the deployment's pull step: NIPFLOW_PROJECT_DIR
+        assert children[rid].infrastructure_pid.split(":")[-1] == str(proc["pid"])
+        placement[rid] = proc["worker"]
+    assert set(placement.values()) == set(names)  # both workers ran points
+
+    # the sweep's summary table lists the 4 points
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with api.client() as client:
+        (artifact,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{sweep_id}-sweep"])))
+    table = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+    assert [(row["run_id"], row["seed"], row["state"]) for row in table] == [
+        (rid, seed, "Completed") for rid, seed in zip(run_ids, [1, 2, 3, 4])]
+    assert str(artifact.flow_run_id) == sweep_run
+
+    print(f"\nsweep finished after {finished_after:.1f} s; points per worker: {placement}")
