@@ -8,6 +8,7 @@ Bad input exits with status 2 and one clear line on stderr, never a traceback or
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import logging
 import sys
@@ -207,6 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["api-server"]:
         return cmd_api_server(argparse.Namespace(args=argv[1:]))
     args = parser.parse_args(argv)
+    # A W&B service token inherited from a parent process (WANDB_SERVICE) would make this
+    # process's runs live in the parent's W&B service: after a SIGKILL the run id stays
+    # "in use" there and the resumed run cannot open it. Each nipflow process owns its own.
+    os.environ.pop("WANDB_SERVICE", None)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:  # one INFO line per HTTP request drowns the progress bars

@@ -35,7 +35,8 @@ def test_killed_run_resumes_with_one_wandb_run_and_no_duplicates(tmp_path):
     params = tmp_path / "params.json"
     params.write_text(json.dumps(PARAMS))
     runs = tmp_path / "runs"
-    env = {**os.environ, "OPENAI_API_KEY": SENTINEL, "NIPFLOW_DATA_DIR": str(tmp_path / "data"),
+    # no inherited W&B service token: the subprocesses must each own their W&B service
+    env = {**{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}, "OPENAI_API_KEY": SENTINEL, "NIPFLOW_DATA_DIR": str(tmp_path / "data"),
            "WANDB_MODE": "offline", "PYTHONPATH": os.getcwd()}
     common = ["--runs-dir", str(runs), "--direct", "--checkpoint-every", "1", "--progress", "off"]
     first = nipflow("run", "graph_isomorphism", "vanilla_ppo", "--params", str(params), "--run-id", "trk",
