@@ -1,4 +1,5 @@
-"""Resume of pure_text_ei after SIGKILL in every stage (and between two groups' job creations).
+"""Resume of pure_text_ei (and pure_text_malt) after SIGKILL in every stage (and between two
+groups' job creations).
 
 A driver process (:func:`main`, run as ``python -c``) trains a run in the run store; the
 test-only ``NIPFLOW_TEST_KILL_AT`` makes it SIGKILL itself at listed points, each point
@@ -33,22 +34,33 @@ KILL_POINTS = [
     "0:await_fine_tune_jobs:start", "0:await_fine_tune_jobs:end", "1:sample_rollouts:before_save",
     "1:test_during_training:end", "2:test:start",
 ]
+MALT_KILL_POINTS = [
+    "0:sample_rollouts:before_save", "0:log_stats:end", "0:create_fine_tune_jobs:after_prover",
+    "0:create_fine_tune_jobs:end", "0:await_fine_tune_jobs:start", "1:sample_rollouts:end", "2:test:start",
+]
 REPO = Path(__file__).resolve().parents[3]
 
 
 def main() -> None:
-    """Driver: ``argv = runs_dir run_id base_url``; trains (resuming) pure_text_ei."""
+    """Driver: ``argv = runs_dir run_id base_url trainer``; trains (resuming) the run."""
     import nip_core.trainers.catalogue  # noqa: F401
     from nip_core.parameters import HyperParameters
     from nip_core.settings import ExperimentSettings
     from nip_core.trainers.base import build_trainer
 
-    runs_dir, run_id, url = sys.argv[1:4]
-    hp = HyperParameters(scenario="code_validation", trainer="pure_text_ei", dataset="nipflow-cv",
-                         rl={"num_iterations": 2, "rollouts_per_iteration": 24, "num_test_iterations": 1},
-                         nip_protocol={"max_message_rounds": 4},
-                         dataset_options={"max_train_size": 24, "max_test_size": 4},
-                         text_rl={"verifier_guess_replacement_proportion": 0.5, "test_scheme": "last"})
+    runs_dir, run_id, url, trainer_name = sys.argv[1:5]
+    if trainer_name == "pure_text_malt":  # 20 trees of up to 2**3 rollouts
+        hp = HyperParameters(scenario="code_validation", trainer="pure_text_malt", dataset="nipflow-cv",
+                             rl={"num_iterations": 2, "rollouts_per_iteration": 20, "num_test_iterations": 1},
+                             nip_protocol={"max_message_rounds": 3}, pure_text_malt={"num_responses_per_timestep": 2},
+                             dataset_options={"max_train_size": 20, "max_test_size": 4},
+                             text_rl={"test_scheme": "last"})
+    else:
+        hp = HyperParameters(scenario="code_validation", trainer="pure_text_ei", dataset="nipflow-cv",
+                             rl={"num_iterations": 2, "rollouts_per_iteration": 24, "num_test_iterations": 1},
+                             nip_protocol={"max_message_rounds": 4},
+                             dataset_options={"max_train_size": 24, "max_test_size": 4},
+                             text_rl={"verifier_guess_replacement_proportion": 0.5, "test_scheme": "last"})
     st = ExperimentSettings(use_wandb=False, runs_dir=runs_dir, run_id=run_id, openai_base_url=url,
                             fine_tune_poll_interval_s=0.1, fine_tune_poll_max_interval_s=0.5,
                             max_concurrent_requests=8, show_progress=False)
@@ -58,11 +70,12 @@ def main() -> None:
     trainer.close()
 
 
-def drive(runs_dir: Path, run_id: str, url: str, kill_points: list[str], markers: Path) -> int:
+def drive(runs_dir: Path, run_id: str, url: str, kill_points: list[str], markers: Path,
+          trainer: str = "pure_text_ei") -> int:
     env = {**os.environ, "NIPFLOW_TEST_KILL_AT": ",".join(kill_points), "NIPFLOW_TEST_KILL_MARKERS": str(markers),
            "PYTHONPATH": str(REPO)}
     code = "from tests.nip_core.trainers.test_pure_text_resume import main; main()"
-    proc = subprocess.run([sys.executable, "-c", code, str(runs_dir), run_id, url], env=env, cwd=REPO,
+    proc = subprocess.run([sys.executable, "-c", code, str(runs_dir), run_id, url, trainer], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     if proc.returncode not in (0, -signal.SIGKILL):
         raise AssertionError(f"driver failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -86,16 +99,17 @@ def comparable_state(run_dir: Path) -> dict:
     return state
 
 
-def test_sigkill_in_every_stage_then_resume_matches_an_uninterrupted_run(tmp_path):
+def kill_resume_and_compare(tmp_path: Path, trainer: str, kill_points: list[str]) -> list[tuple[str, str]]:
+    """Run ``clean`` uninterrupted and ``killed`` through ``kill_points``; check; return the job keys."""
     with local_api_server(tmp_path, job_time_scale=0.02) as server:
         runs = tmp_path / "runs"
-        assert drive(runs, "clean", server.base_url, [], tmp_path) == 0
+        assert drive(runs, "clean", server.base_url, [], tmp_path, trainer) == 0
         markers = tmp_path / "markers"
         markers.mkdir()
         seen: dict[str, tuple[str, int]] = {}
         kills = 0
-        for _ in range(len(KILL_POINTS) + 2):
-            rc = drive(runs, "killed", server.base_url, KILL_POINTS, markers)
+        for _ in range(len(kill_points) + 2):
+            rc = drive(runs, "killed", server.base_url, kill_points, markers, trainer)
             files = rollout_files(runs / "killed")
             for name, fingerprint in seen.items():
                 assert files.get(name) == fingerprint, f"rollouts/{name} was lost or rewritten"
@@ -103,20 +117,36 @@ def test_sigkill_in_every_stage_then_resume_matches_an_uninterrupted_run(tmp_pat
             if rc == 0:
                 break
             kills += 1
-        assert rc == 0 and kills == len(KILL_POINTS)
-        assert sorted(os.listdir(markers)) == sorted(p.replace(":", "_") for p in KILL_POINTS)
+        assert rc == 0 and kills == len(kill_points)
+        assert sorted(os.listdir(markers)) == sorted(p.replace(":", "_") for p in kill_points)
         client = server.client()
-        jobs = [j for j in client.fine_tuning.jobs.list(limit=100).data
-                if (j.metadata or {}).get("nipflow_run_id") == "killed"]
-        keys = sorted((j.metadata["nipflow_iteration"], j.metadata["nipflow_group"]) for j in jobs)
-        assert keys == [("0", "prover"), ("0", "verifier")]
+        all_jobs = client.fine_tuning.jobs.list(limit=100).data
+
+        def job_keys(run_id):
+            return sorted((j.metadata["nipflow_iteration"], j.metadata["nipflow_group"]) for j in all_jobs
+                          if (j.metadata or {}).get("nipflow_run_id") == run_id)
+
+        keys = job_keys("killed")
+        assert keys and keys == job_keys("clean")  # one job per (iteration, group), none repeated
+        jobs = [j for j in all_jobs if (j.metadata or {}).get("nipflow_run_id") == "killed"]
         state = json.loads((runs / "killed" / "state.json").read_text())
-        assert {g: s["fine_tuned_model_name"] for g, s in state["shared_model_groups"].items()} == \
+        assert {g: state["shared_model_groups"][g]["fine_tuned_model_name"] for _, g in keys} == \
             {j.metadata["nipflow_group"]: client.fine_tuning.jobs.retrieve(j.id).fine_tuned_model for j in jobs}
-        for group in ("prover", "verifier"):
+        for _, group in keys:
             files = [json.loads((runs / r / "fine_tune" / f"iter_0_{group}.json").read_text())["file_id"]
                      for r in ("clean", "killed")]
             assert client.files.content(files[0]).read() == client.files.content(files[1]).read()
     assert set(seen) == {"0.json", "1.json", "test_1.json"}
     assert rollout_files(runs / "clean")["0.json"][0] == rollout_files(runs / "killed")["0.json"][0]
     assert comparable_state(runs / "killed") == comparable_state(runs / "clean")
+    return keys
+
+
+def test_sigkill_in_every_stage_then_resume_matches_an_uninterrupted_run(tmp_path):
+    keys = kill_resume_and_compare(tmp_path, "pure_text_ei", KILL_POINTS)
+    assert keys == [("0", "prover"), ("0", "verifier")]
+
+
+def test_malt_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
+    keys = kill_resume_and_compare(tmp_path, "pure_text_malt", MALT_KILL_POINTS)
+    assert ("0", "verifier") in keys and all(it == "0" for it, _ in keys)
