@@ -229,3 +229,16 @@ def setup_and_deploy(server: PrefectServer, prefect_file: Path = PREFECT_FILE, *
     out += server.cli(PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file),
                       env=env, timeout=300).stdout
     return out
+
+
+def wait_for(predicate, what: str, timeout: float, logs: list[Path], interval: float = 1.0):
+    """Poll ``predicate`` until truthy (returned); on timeout fail with the tails of ``logs``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    tails = "\n".join(f"--- {p}:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-80:])
+                      for p in logs if p.exists())
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_e2e_processes import PREFECT, PREFECT_FILE, REPO, setup_and_deploy
+from prefect_e2e_processes import PREFECT, PREFECT_FILE, REPO, setup_and_deploy, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -106,18 +106,6 @@ class Api:
             logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=watcher_ids)),
                                     limit=200)
         return [log.message for log in logs if f"({flow_run_id})" in log.message and "resuming" in log.message]
-
-
-def wait_for(predicate, what: str, timeout: float, logs: list[Path], interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    tails = "\n".join(f"--- {p}:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-80:])
-                      for p in logs if p.exists())
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_e2e_processes import PREFECT, REPO, Worker, setup_and_deploy
+from prefect_e2e_processes import PREFECT, REPO, Worker, setup_and_deploy, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -118,18 +118,6 @@ class Api:
 
         with self.client() as client:
             return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name_like)))
-
-
-def wait_for(predicate, what: str, timeout: float, logs: list[Path], interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    tails = "\n".join(f"--- {p}:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-60:])
-                      for p in logs if p.exists())
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")
 
 
 def records(runs_dir: Path, run_id: str, event: str) -> list[dict]:
