@@ -8,9 +8,9 @@ Bad input exits with status 2 and one clear line on stderr, never a traceback or
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import logging
+import os
 import sys
 from typing import Sequence
 

@@ -1,4 +1,4 @@
-"""Fixtures of the TensorDict trainer tests."""
+"""Fixtures of the trainer tests."""
 
 from __future__ import annotations
 
@@ -13,3 +13,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A local OpenAI-compatible server with fast fine-tune jobs, one per test module."""
+    from nip_core.llm.testing import local_api_server
+
+    with local_api_server(tmp_path_factory.mktemp("api"), job_time_scale=0.02) as s:
+        yield s

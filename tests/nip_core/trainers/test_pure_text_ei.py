@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from nip_core.errors import FineTuneJobFailed
-from nip_core.llm.testing import local_api_server
 from nip_core.parameters import HyperParameters, PureTextEiParameters
 from nip_core.settings import ExperimentSettings
 from nip_core.trainers.base import build_trainer
@@ -59,12 +58,6 @@ def settings(tmp_path, url, run_id="r"):
     return ExperimentSettings(use_wandb=False, runs_dir=str(tmp_path / "runs"), run_id=run_id, openai_base_url=url,
                               fine_tune_poll_interval_s=0.1, fine_tune_poll_max_interval_s=0.5,
                               max_concurrent_requests=8, show_progress=False)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with local_api_server(tmp_path_factory.mktemp("api"), job_time_scale=0.02) as s:
-        yield s
 
 
 @pytest.mark.e2e

@@ -10,7 +10,6 @@ import pytest
 
 from nip_core.environments.nested_array_dict import NestedArrayDict
 from nip_core.llm.server.validation import check_example
-from nip_core.llm.testing import local_api_server
 from nip_core.parameters import HyperParameters
 from nip_core.settings import ExperimentSettings
 from nip_core.trainers.base import build_trainer
@@ -116,12 +115,6 @@ def test_annotated_rollouts_and_tree_stats():
 # -- against the local server ---------------------------------------------------------------
 
 ROUNDS, K, DATAPOINTS = 3, 2, 20
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with local_api_server(tmp_path_factory.mktemp("api"), job_time_scale=0.02) as s:
-        yield s
 
 
 @pytest.mark.e2e
