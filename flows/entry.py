@@ -54,9 +54,11 @@ def _local_server_env(settings: ExperimentSettings) -> dict[str, str]:
 def experiment_parameters(params: HyperParameters, settings: ExperimentSettings):
     """The flow parameters equivalent to a CLI run of ``params`` with ``settings``."""
     from flows.parameters import ExperimentParameters
+    from flows.secrets import SECRET_SETTINGS_FIELDS
 
+    # Secrets never become flow parameters: the flow reads them on the worker (flows.secrets).
     extra = settings.model_dump(mode="python", exclude={"run_id", "runs_dir", "device", "use_wandb",
-                                                         "on_params_mismatch", "openai_api_key"})
+                                                         "on_params_mismatch", *SECRET_SETTINGS_FIELDS})
     extra = {k: v for k, v in extra.items() if v != ExperimentSettings.model_fields[k].get_default(
         call_default_factory=True)}
     return ExperimentParameters(params=params.to_dict(), run_id=settings.run_id, runs_dir=settings.runs_dir,

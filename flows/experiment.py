@@ -112,12 +112,15 @@ def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any
 @flow(name="train_experiment", persist_result=True)
 def train_experiment(parameters: ExperimentParameters) -> dict[str, Any]:
     """Train one experiment (new or resumed) described by ``parameters``."""
+    from flows.leases import driving
+
     trainer = open_trainer(parameters)
     try:
-        result = run_trainer(trainer, parameters)
-        from flows.retrain import experiment_name, mark_completed
+        with driving(trainer):  # one driver per run, on any number of hosts
+            result = run_trainer(trainer, parameters)
+            from flows.retrain import experiment_name, mark_completed
 
-        mark_completed(trainer.run, experiment_name(parameters))
+            mark_completed(trainer.run, experiment_name(parameters))
     finally:
         trainer.close()
     return {**result, "params_hash": trainer.run.params_hash, "trainer": trainer.hyper_params.trainer,

@@ -1,18 +1,47 @@
-"""Typed flow parameters, so that the Prefect UI shows a form for each deployment."""
+"""Typed flow parameters, so that the Prefect UI shows a form for each deployment.
+
+Secrets (the ``SecretStr`` fields of ``ExperimentSettings``, e.g. ``openai_api_key``) are
+refused here, so that Prefect, which stores parameters in plain text and copies them into
+child runs, never holds one: the validators reject them before a run starts, and the
+JSON schema (``propertyNames``) makes a server that enforces deployment parameter schemas
+reject them before it stores the run. Flows take the key from the worker instead
+(:mod:`flows.secrets`).
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from flows.secrets import SECRET_SETTINGS_FIELDS, secret_parameter_error, with_secrets
 from nip_core.experiment import DEFAULT_DATASETS, new_run_id
 from nip_core.parameters import HyperParameters, apply_overrides
 from nip_core.runs import validate_run_id
 from nip_core.settings import ExperimentSettings
 
 WaitMode = Literal["auto", "poll", "suspend"]
+
+# JSON schema of a settings mapping: names of secret fields are not allowed as keys.
+NO_SECRET_KEYS_SCHEMA = {"propertyNames": {"not": {"enum": sorted(SECRET_SETTINGS_FIELDS)}}}
+
+
+def refuse_secret_keys(mapping: dict[str, Any], path: str) -> dict[str, Any]:
+    """Raise ``ValueError`` (naming ``path.key``) if ``mapping`` has a secret settings field."""
+    for key in mapping:
+        if key in SECRET_SETTINGS_FIELDS:
+            raise ValueError(secret_parameter_error(f"{path}.{key}"))
+    return mapping
+
+
+def refuse_secret_overrides(overrides: list[str], path: str) -> list[str]:
+    """Raise ``ValueError`` if a ``KEY=VALUE`` override (or grid key) targets a secret field."""
+    for item in overrides:
+        key = str(item).split("=", 1)[0].strip()
+        if key.rsplit(".", 1)[-1] in SECRET_SETTINGS_FIELDS:
+            raise ValueError(secret_parameter_error(f"{path} '{key}'"))
+    return overrides
 
 
 class ExperimentParameters(BaseModel):
@@ -23,7 +52,7 @@ class ExperimentParameters(BaseModel):
     take precedence over it, as on the command line.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # inputs may hold a secret
 
     scenario: Optional[Literal["graph_isomorphism", "code_validation"]] = None
     trainer: Optional[str] = Field(None, description="vanilla_ppo, spg, reinforce, solo_agent, pure_text_ei, pure_text_malt")
@@ -41,7 +70,28 @@ class ExperimentParameters(BaseModel):
     on_params_mismatch: Literal["refuse", "warn", "force"] = "refuse"
     warm_start_from: Optional[str] = Field(None, description="run id whose final models to start from")
     settings_overrides: dict[str, Any] = Field(default_factory=dict, description="other ExperimentSettings fields "
-                                               "(data_dir, openai_base_url, fine_tune_poll_interval_s ...)")
+                                               "(data_dir, openai_base_url, fine_tune_poll_interval_s ...); "
+                                               "never secrets (the API key comes from the worker)",
+                                               json_schema_extra=NO_SECRET_KEYS_SCHEMA)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secret_fields(cls, data: Any) -> Any:
+        # A top-level ``openai_api_key`` would be refused as an extra field anyway; this
+        # says why and where the key belongs instead.
+        if isinstance(data, dict):
+            refuse_secret_keys(data, "parameters")
+        return data
+
+    @field_validator("settings_overrides")
+    @classmethod
+    def _no_secret_settings(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return refuse_secret_keys(value, "settings_overrides")
+
+    @field_validator("overrides")
+    @classmethod
+    def _no_secret_overrides(cls, value: list[str]) -> list[str]:
+        return refuse_secret_overrides(value, "overrides")
 
     def hyper_params(self) -> HyperParameters:
         """Validate and build the ``HyperParameters`` (raises ``ParameterError``)."""
@@ -77,21 +127,32 @@ class ExperimentParameters(BaseModel):
         if self.runs_dir:
             values["runs_dir"] = self.runs_dir
         values.update(self.settings_overrides)
-        return ExperimentSettings(**values)
+        return with_secrets(ExperimentSettings(**values))
 
 
 class RunSpec(BaseModel):
     """Everything a child flow run (maybe on another machine) needs to open a run."""
 
     params: dict[str, Any]
-    settings: dict[str, Any]
+    settings: dict[str, Any] = Field(json_schema_extra=NO_SECRET_KEYS_SCHEMA)
+    lease: Optional[dict[str, Any]] = Field(None, description="the parent's claim on the run lease "
+                                            "({owner, generation}); a child joins it instead of taking its own")
+
+    @field_validator("settings")
+    @classmethod
+    def _no_secret_settings(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return refuse_secret_keys(value, "spec.settings")
 
     @classmethod
     def of(cls, hyper_params: HyperParameters, settings: ExperimentSettings) -> "RunSpec":
-        return cls(params=hyper_params.to_dict(), settings=settings.model_dump(mode="json"))
+        # Secret fields are excluded from dumps already; naming them again keeps a secret
+        # added later without ``exclude=True`` out of child runs' parameters too.
+        return cls(params=hyper_params.to_dict(),
+                   settings=settings.model_dump(mode="json", exclude=set(SECRET_SETTINGS_FIELDS)))
 
     def hyper_params(self) -> HyperParameters:
         return HyperParameters.from_dict(self.params, source="run spec")
 
     def experiment_settings(self) -> ExperimentSettings:
-        return ExperimentSettings(**self.settings)
+        """The settings of the run, with the secrets of the worker running the child."""
+        return with_secrets(ExperimentSettings(**self.settings))

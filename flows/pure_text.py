@@ -18,8 +18,9 @@ Waiting for fine-tune jobs
   ``await-<run_id>-<iteration>-<n>`` (``n`` counts the suspensions of that iteration, so
   a resume that comes too early suspends again instead of falling through); no process
   holds the wait. :func:`flows.watcher.fine_tune_watcher` resumes it when the jobs are
-  finished. A failed or cancelled job fails the run with the job's error
-  (``FineTuneJobFailed``).
+  finished. A failed or cancelled job is retried as a new attempt; once
+  ``text_rl.fine_tune_max_attempts`` attempts ended badly the run fails listing every
+  attempt's error (``FineTuneJobFailed``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.parameters import ExperimentParameters, WaitMode
+from nip_core.agents.pure_text import TERMINAL_STATUSES
 from tasks.stages import initial_position, refresh_state, run_stage_task
 
 SUSPENSIONS_FILE = "orchestration/suspensions.json"
-PENDING = {"pending", "running", "queued", "validating_files"}
 
 
 def should_suspend(wait_mode: WaitMode) -> bool:
@@ -57,9 +58,9 @@ def suspend_while_jobs_pending(trainer: Any, iteration: int) -> None:
     from prefect.flow_runs import suspend_flow_run
 
     statuses = trainer.poll_fine_tune_jobs()
-    waiting = {g: s for g, s in statuses.items() if s in PENDING}
+    waiting = {g: s for g, s in statuses.items() if s not in TERMINAL_STATUSES}
     if not waiting or any(s in ("failed", "cancelled") for s in statuses.values()):
-        return  # the await task finishes at once, or raises FineTuneJobFailed
+        return  # the await task finishes at once, or retries the failed job (FineTuneJobFailed when out of attempts)
     key = _next_suspension_key(trainer.run, iteration)
     get_run_logger().info("run %s iteration %d: fine-tune jobs %s still going; suspending (%s)",
                           trainer.run.run_id, iteration, waiting, key)

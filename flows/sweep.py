@@ -3,6 +3,10 @@
 Deployed, the points are started through ``run_deployment`` without waiting, so any
 worker serving the pool picks them up (two workers run two points at once); the sweep
 then polls until all are final. Locally, the points run one after another as subflows.
+
+Children get the base parameters plus overrides only: secrets can reach neither (the grid
+is refused if a key names a secret settings field, and every child's parameters are
+validated again); each child reads the API key on its worker (:mod:`flows.secrets`).
 """
 
 from __future__ import annotations
@@ -10,16 +14,34 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from prefect import flow, get_run_logger
+from pydantic import AfterValidator, Field
 
 from flows.observability import artifact_key
-from flows.parameters import ExperimentParameters
+from flows.parameters import ExperimentParameters, refuse_secret_overrides
+from flows.secrets import SECRET_SETTINGS_FIELDS
 from nip_core.runs import RunStore
 from nip_core.settings import default_runs_dir
 
 POINT_DEPLOYMENT = "train_experiment/sweep-point"
+
+# A grid key (dotted path) whose last part names a secret settings field is refused, by
+# the validator in-process and by the JSON schema on a server enforcing deployment schemas.
+_SECRET_PATH_PATTERN = "(^|\\.)(" + "|".join(sorted(SECRET_SETTINGS_FIELDS)) + ")$"
+
+
+def _no_secret_grid_keys(grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    refuse_secret_overrides(list(grid), "grid")
+    return grid
+
+
+SweepGrid = Annotated[
+    dict[str, list[Any]],
+    AfterValidator(_no_secret_grid_keys),
+    Field(json_schema_extra={"propertyNames": {"not": {"pattern": _SECRET_PATH_PATTERN}}}),
+]
 
 
 def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -35,7 +57,10 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
 def point_parameters(base: ExperimentParameters, sweep_id: str, index: int,
                      point: dict[str, Any]) -> ExperimentParameters:
     overrides = list(base.overrides) + [f"{k}={json.dumps(v)}" for k, v in point.items()]
-    return base.model_copy(update={"overrides": overrides, "run_id": f"{sweep_id}-{index:03d}"})
+    # Validated again (model_copy would not be): a child's parameters pass the same
+    # checks as a user's, secrets included.
+    return ExperimentParameters.model_validate({**base.model_dump(), "overrides": overrides,
+                                                "run_id": f"{sweep_id}-{index:03d}"})
 
 
 def _final_metrics(runs_dir: str, run_id: str) -> dict[str, Any]:
@@ -48,7 +73,7 @@ def _final_metrics(runs_dir: str, run_id: str) -> dict[str, Any]:
 
 
 @flow(name="sweep", persist_result=True)
-def sweep(base: ExperimentParameters, grid: dict[str, list[Any]], sweep_id: str,
+def sweep(base: ExperimentParameters, grid: SweepGrid, sweep_id: str,
           dispatch: Literal["auto", "subflow", "deployment"] = "auto",
           deployment_name: Optional[str] = None) -> list[dict[str, Any]]:
     """Train every point of ``grid`` on top of ``base``; return one summary row per point."""

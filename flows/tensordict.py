@@ -20,6 +20,7 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, tags
 
 from flows.parameters import ExperimentParameters, RunSpec
+from flows.leases import driving
 from tasks.rl_block import Block, plan_blocks, run_block_task
 
 BLOCK_DEPLOYMENT = "rl_iteration_block/rl-block"
@@ -46,7 +47,8 @@ def rl_iteration_block(spec: RunSpec, block: Block) -> dict[str, Any]:
         # half-trained models the failed attempt left in this process's trainer.
         forget_trainer(spec)
     trainer = trainer_from_spec(spec)
-    return run_block_task(trainer, block)
+    with driving(trainer, spec.lease):
+        return run_block_task(trainer, block)
 
 
 def _dispatch_block(spec: RunSpec, block: Block, deployed: bool) -> dict[str, Any]:
@@ -97,7 +99,7 @@ def run_tensordict(trainer: Any, block_size: int, dispatch: BlockDispatch = "aut
     from flows.experiment import remember_trainer
     from flows.observability import write_summary
 
-    spec = RunSpec.of(trainer.hyper_params, trainer.settings)
+    spec = RunSpec.of(trainer.hyper_params, trainer.settings).model_copy(update={"lease": trainer.run.lock.claim()})
     remember_trainer(trainer)  # local subflows reuse this trainer instead of building another
     blocks = drive_blocks(trainer, spec, block_size, dispatch)
     if callable(getattr(trainer, "run_test_loop", None)) or (

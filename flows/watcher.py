@@ -13,7 +13,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.pure_text import PENDING
+from nip_core.agents.pure_text import TERMINAL_STATUSES
 
 TRAINING_FLOWS = ("train_experiment", "pure_text_training", "scheduled_retraining")
 
@@ -45,7 +45,7 @@ def jobs_finished(parameters: dict[str, Any], flow_run_id: str | None = None) ->
         statuses = dict(trainer.poll_fine_tune_jobs())
     finally:
         trainer.close()
-    return not any(s in PENDING for s in statuses.values()), statuses
+    return all(s in TERMINAL_STATUSES for s in statuses.values()), statuses
 
 
 @flow(name="fine_tune_watcher")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from nip_core.errors import CheckpointNotFoundError, CorruptCheckpointError
@@ -56,13 +57,11 @@ def run_status(store: RunStore, run_id: str) -> dict[str, Any]:
 
 
 def _lock_holder(run) -> dict | None:
-    import json
-
-    try:
-        holder = json.loads(run.storage.read_bytes("run.lock"))
-    except (FileNotFoundError, ValueError):
+    """Who holds the run's lease now (None when free or expired)."""
+    current = run.lock.view()
+    if current.expired(run.lock.clock()):
         return None
-    return {k: v for k, v in holder.items() if k != "token"}
+    return {**current.holder, "generation": current.generation, "expires_at": current.expires_at}
 
 
 def format_status(info: dict[str, Any]) -> str:
@@ -74,7 +73,9 @@ def format_status(info: dict[str, Any]) -> str:
     ]
     if info.get("locked_by"):
         holder = info["locked_by"]
-        lines.append(f"running    pid {holder.get('pid')} on {holder.get('host')} since {holder.get('acquired_at')}")
+        since = datetime.fromtimestamp(holder["since"], timezone.utc).isoformat() if holder.get("since") else "?"
+        lines.append(f"running    pid {holder.get('pid')} on {holder.get('host')} since {since} "
+                     f"(lease generation {holder.get('generation')})")
     if info.get("wandb"):
         lines.append("wandb      " + "  ".join(f"{k}={v}" for k, v in info["wandb"].items()))
     for name, job in (info.get("fine_tune_jobs") or {}).items():

@@ -1,57 +1,102 @@
-"""A Prefect file lock manager that takes over locks left by dead processes.
+"""Prefect's transaction lock manager on run-store leases.
 
-Prefect's ``FileSystemLockManager`` writes locks without an expiry, so a process that is
-SIGKILLed inside a SERIALIZABLE transaction leaves a lock that every later run of that
-stage waits on forever. This manager also records the holder's pid and host next to the
-lock; a lock whose holder is a dead process on this host is stale and removed. Locks of
-other hosts are respected (their liveness cannot be checked from here).
+Stage tasks run in SERIALIZABLE transactions, so that two processes racing on one stage
+execute it once. Prefect's file lock manager writes locks without expiry that only
+processes on one host see, so a SIGKILLed holder blocked every later attempt and another
+host never saw the lock. Here each transaction lock is a :class:`~nip_core.runs.lease.Lease`
+in the run's own storage (``leases/stages/<key>``): expiring, renewed while held, taken
+over only once expired, valid across hosts and on object stores; an empty or torn lock
+file counts as free. The run lease (one driver per run) makes contention rare; these
+locks keep a stage's cache record and its execution together when it does happen.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-from pathlib import Path
+import asyncio
+import math
+import threading
+import time
 from typing import Optional
 
-from prefect.locking.filesystem import FileSystemLockManager
+from prefect.locking.protocol import LockManager
 
-from nip_core.utils.fileio import pid_alive
+from nip_core.errors import RunLockedError
+from nip_core.runs.lease import Lease
+from nip_core.runs.storage import Storage
 
 
-class StaleAwareLockManager(FileSystemLockManager):
-    """``FileSystemLockManager`` plus pid/host owner files for stale-lock takeover."""
+class LeaseLockManager(LockManager):
+    """A Prefect ``LockManager`` whose locks are leases in ``storage``.
 
-    def _owner_path(self, key: str) -> Path:
-        return Path(str(self._lock_path_for_key(key)) + ".owner")
+    Parameters
+    ----------
+    storage
+        The run's storage; locks live under ``leases/stages/``.
+    ttl_s
+        Lease ttl (renewed every third of it while the transaction runs); default the
+        run lease's (``$NIPFLOW_LEASE_TTL_S`` or 60 s).
+    """
+
+    def __init__(self, storage: Storage, ttl_s: Optional[float] = None):
+        self.storage = storage
+        self.ttl_s = ttl_s
+        self._held: dict[tuple[str, str], Lease] = {}
+        self._mutex = threading.Lock()
+
+    def _lease(self, key: str) -> Lease:
+        return Lease(self.storage, f"stages/{key}", ttl_s=self.ttl_s, label=f"stage lock {key}")
 
     def acquire_lock(self, key: str, holder: str, acquire_timeout: Optional[float] = None,
                      hold_timeout: Optional[float] = None) -> bool:
-        acquired = super().acquire_lock(key, holder, acquire_timeout, hold_timeout)
-        if acquired:
-            tmp = self._owner_path(key).with_suffix(".owner.tmp")
-            tmp.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "holder": holder}))
-            os.replace(tmp, self._owner_path(key))
-        return acquired
+        with self._mutex:
+            if (key, holder) in self._held:
+                return True
+        lease = self._lease(key)
+        lease.describe["holder"] = holder
+        try:
+            lease.acquire(wait_s=math.inf if acquire_timeout is None else acquire_timeout)
+        except RunLockedError:
+            return False
+        lease.keep_alive()
+        with self._mutex:
+            self._held[(key, holder)] = lease
+        return True
+
+    async def aacquire_lock(self, key: str, holder: str, acquire_timeout: Optional[float] = None,
+                            hold_timeout: Optional[float] = None) -> bool:
+        return await asyncio.to_thread(self.acquire_lock, key, holder, acquire_timeout, hold_timeout)
 
     def release_lock(self, key: str, holder: str) -> None:
-        super().release_lock(key, holder)
-        self._owner_path(key).unlink(missing_ok=True)
-
-    def _holder_is_dead(self, key: str) -> bool:
-        try:
-            owner = json.loads(self._owner_path(key).read_text())
-        except (OSError, ValueError):
-            return False  # no owner file yet: the holder is between touch and write
-        return (owner.get("host") == socket.gethostname() and owner.get("pid") != os.getpid()
-                and not pid_alive(int(owner.get("pid", 0))))
+        with self._mutex:
+            lease = self._held.pop((key, holder), None)
+        if lease is None:
+            raise ValueError(f"No lock held by {holder} for transaction with key {key}")
+        lease.release()
 
     def is_locked(self, key: str, use_cache: bool = False) -> bool:
-        locked = super().is_locked(key, use_cache=use_cache)
-        if locked and self._holder_is_dead(key):
-            self._lock_path_for_key(key).unlink(missing_ok=True)
-            self._owner_path(key).unlink(missing_ok=True)
-            self._locks.pop(key, None)
+        current = self._lease(key).view()
+        return not current.expired(time.time())
+
+    def is_lock_holder(self, key: str, holder: str) -> bool:
+        with self._mutex:
+            lease = self._held.get((key, holder))
+        if lease is None or not lease.held:
             return False
-        return locked
+        current = lease.view()
+        return current.owner == lease.token and current.generation == lease.generation
+
+    def wait_for_lock(self, key: str, timeout: Optional[float] = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.is_locked(key):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    async def await_for_lock(self, key: str, timeout: Optional[float] = None) -> bool:
+        return await asyncio.to_thread(self.wait_for_lock, key, timeout)
+
+    def __repr__(self) -> str:  # Prefect logs lock managers; keep it short
+        return f"LeaseLockManager({self.storage.url()!r})"
+
+

@@ -6,9 +6,28 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("RL_WARNINGS", "0")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Run leases expire after 60 s by default; killed-and-resumed runs in tests would wait
+# that long for a dead driver's claim to lapse. Subprocesses inherit this.
+os.environ.setdefault("NIPFLOW_LEASE_TTL_S", "5")
 for _var in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "PREFECT_API_URL"):
     os.environ.pop(_var, None)
 
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """moto's S3 server for the session; its AWS_* variables are set in this process too."""
+    from s3_support import environ, start_moto_s3
+
+    server = start_moto_s3(tmp_path_factory.mktemp("moto"))
+    try:
+        with environ(server.env):
+            yield server
+    finally:
+        server.stop()

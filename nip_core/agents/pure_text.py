@@ -3,23 +3,25 @@
 ``PureTextWholeAgent`` generates one agent's reply for an episode state (prompt building
 and parsing come from :mod:`nip_core.scenarios.code_validation.text_protocols`).
 ``PureTextSharedModelGroup`` owns the model a set of agents share and creates its
-fine-tune jobs. Job creation is idempotent per (run id, iteration, group): the job
-carries that triple as ``metadata``; before uploading or creating, a job with the same
-metadata is adopted; the file id and job id are recorded in the run store
-(``fine_tune/iter_{i}_{group}.json``) right after each API call, and a recorded file id
-is reused instead of uploading again.
+fine-tune jobs. A job is created exactly once per intent (run incarnation, iteration,
+group, attempt), whatever fails in between: the job carries that intent as ``metadata``
+and its training file a deterministic name (incarnation, iteration, group, content hash);
+both are looked up before every create request and after every failed one (see
+:mod:`nip_core.llm.remote_objects`). File and job ids are recorded in the run store
+(``fine_tune/iter_{i}_{group}.json``) right after each call. A job that fails or is
+cancelled is retried as a new attempt up to ``text_rl.fine_tune_max_attempts`` times.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 from typing import Any, Callable
 
 from pydantic import BaseModel
 
 from nip_core.errors import FineTuneJobFailed
+from nip_core.llm import remote_objects as remote
+from nip_core.llm.remote_objects import find_jobs
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +29,30 @@ FROZEN_JOB_ID = "frozen_job_id"
 INSUFFICIENT_DATA_JOB_ID = "insufficient_data_job_id"
 MIN_FINE_TUNE_EXAMPLES = 10
 MAX_SUFFIX = 64
-STATUS_MAP = {"validating_files": "pending", "queued": "pending", "running": "running",
+STATUS_MAP = {"validating_files": "pending", "queued": "pending", "running": "running", "paused": "paused",
               "succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled"}
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
-class UnknownJobStatusError(ValueError):
-    """The API reported a fine-tune status this code does not know."""
+def incarnation_of(run: Any) -> str:
+    """The run store entry's incarnation id (``"none"`` without a run store)."""
+    return run.incarnation if run is not None else "none"
+
+
+def _error_repr(err: Any) -> str:
+    if err is None:
+        return "Code: None. Message: None."
+    out = f"Code: {err.code}. Message: {err.message}."
+    if getattr(err, "param", None):
+        out += f" Parameter: {err.param}."
+    return out
 
 
 class PureTextSharedModelGroupState(BaseModel):
     """Persistent state of a group (saved in the trainer state)."""
 
     fine_tune_job_id: str | None = None
+    fine_tune_attempt: int = 1  # of the current job (a failed or cancelled job is retried)
     fine_tuned_model_name: str | None = None
     last_status: str | None = None  # of the job, when it was last polled
 
@@ -98,10 +112,15 @@ class PureTextSharedModelGroup:
         Parameters of the members (must agree on model, freezing, from-scratch).
     client_factory
         Returns the ``openai.OpenAI`` client.
+    max_attempts
+        Jobs per (iteration, group) before a failed or cancelled job fails the run
+        (``text_rl.fine_tune_max_attempts``).
     """
 
-    def __init__(self, group_name: str, agent_names: list[str], params: Any, client_factory: Callable[[], Any]):
+    def __init__(self, group_name: str, agent_names: list[str], params: Any, client_factory: Callable[[], Any],
+                 max_attempts: int = 3):
         self.group_name = group_name
+        self.max_attempts = max_attempts
         self.agent_names = list(agent_names)
         self.params = params
         self._client = client_factory
@@ -134,6 +153,16 @@ class PureTextSharedModelGroup:
         """Create (or adopt) the DPO job; ``examples`` hold ``input``/``preferred_output``/``non_preferred_output``."""
         return self._create_job(examples, "dpo", run=run, run_id=run_id, iteration=iteration, seed=seed)
 
+    def job_metadata(self, run: Any, run_id: str, iteration: int, attempt: int) -> dict[str, str]:
+        """What identifies the job of one intent: the run *incarnation*, iteration, group, attempt.
+
+        The incarnation (a random id given to a run store entry when it is created) keeps
+        a run id that was deleted and created again from adopting the old entry's jobs.
+        """
+        return {"nipflow_run_id": run_id, "nipflow_incarnation": incarnation_of(run),
+                "nipflow_iteration": str(iteration), "nipflow_group": self.group_name,
+                "nipflow_attempt": str(attempt)}
+
     def _create_job(self, examples: list[dict[str, Any]], method: str, *, run: Any, run_id: str,
                     iteration: int, seed: int | None = None) -> str:
         if self.frozen:
@@ -144,39 +173,76 @@ class PureTextSharedModelGroup:
                         iteration, len(examples), MIN_FINE_TUNE_EXAMPLES)
             self.state.fine_tune_job_id = INSUFFICIENT_DATA_JOB_ID
             return INSUFFICIENT_DATA_JOB_ID
+        record = self._read_record(run, iteration)
         client = self._client()
-        metadata = {"nipflow_run_id": run_id, "nipflow_iteration": str(iteration), "nipflow_group": self.group_name}
-        record: dict[str, Any] = {}
-        if run is not None and run.exists(self._record_path(iteration)):
-            record = run.read_json(self._record_path(iteration))
-        existing = [j for j in client.fine_tuning.jobs.list(metadata=metadata, limit=100).data
-                    if (j.metadata or {}) == metadata]
-        if existing:
-            job_id = existing[0].id
-        else:
-            file_id = record.get("file_id")
-            if file_id is None:
-                data = "".join(json.dumps(e) + "\n" for e in examples).encode()
-                f = client.files.create(file=(f"{self.group_name}_{iteration}.jsonl", io.BytesIO(data)),
-                                        purpose="fine-tune")
-                file_id = f.id
-                record["file_id"] = file_id
-                self._write_record(run, iteration, record)
-            self._before_create_hook(iteration)
-            base = self.params.model_name if self.params.fine_tune_from_scratch else self.model_name
-            suffix = f"{run_id}_iter_{iteration}_{self.group_name}"[-MAX_SUFFIX:].replace(":", "_")
-            extra = {"seed": seed} if seed is not None else {}
-            job = client.fine_tuning.jobs.create(model=base, training_file=file_id, suffix=suffix,
-                                                 method={"type": method}, metadata=metadata, **extra)
-            job_id = job.id
-        record["job_id"] = job_id
+        # A job of this intent may exist from an interrupted attempt: adopt the latest attempt.
+        prior = find_jobs(client, {k: v for k, v in self.job_metadata(run, run_id, iteration, 1).items()
+                                   if k != "nipflow_attempt"})
+        if prior:
+            job = max(prior, key=lambda j: (int((j.metadata or {}).get("nipflow_attempt", "1")), j.created_at))
+            attempt = int(job.metadata["nipflow_attempt"])
+            record.setdefault("file_id", job.training_file)
+            record.update(job_id=job.id, attempt=attempt, method=method, seed=seed, base_model=job.model)
+            self._write_record(run, iteration, record)
+            return self._use_job(job.id, attempt)
+        data = remote.jsonl_bytes(examples)
+        filename = (f"nipflow-{incarnation_of(run)}-it{iteration}-{self.group_name}-"
+                    f"{remote.content_hash(data)}.jsonl")
+        if record.get("filename") != filename or "file_id" not in record:
+            uploaded, _ = remote.upload_file_once(client, filename, data)
+            record.update(file_id=uploaded.id, filename=filename)
+            self._write_record(run, iteration, record)
+        base = self.params.model_name if self.params.fine_tune_from_scratch else self.model_name
+        record.update(method=method, seed=seed, base_model=base)
+        return self._create_attempt(run, run_id, iteration, record, attempt=1)
+
+    def _create_attempt(self, run: Any, run_id: str, iteration: int, record: dict[str, Any], attempt: int) -> str:
+        """Create (exactly once) attempt ``attempt`` of the job described by ``record``."""
+        if run is not None:
+            run.check_lease()
+        suffix = f"{run_id}_iter_{iteration}_{self.group_name}"[-MAX_SUFFIX:].replace(":", "_")
+        extra = {"seed": record["seed"]} if record.get("seed") is not None else {}
+        job, created = remote.create_job_once(
+            self._client(), self.job_metadata(run, run_id, iteration, attempt), model=record["base_model"],
+            training_file=record["file_id"], suffix=suffix, method={"type": record["method"]}, **extra)
+        if not created:
+            log.info("group %s iteration %d: adopted job %s (attempt %d)", self.group_name, iteration, job.id, attempt)
+        record.update(job_id=job.id, attempt=attempt)
         self._write_record(run, iteration, record)
+        return self._use_job(job.id, attempt)
+
+    def _use_job(self, job_id: str, attempt: int) -> str:
         self.state.fine_tune_job_id = job_id
+        self.state.fine_tune_attempt = attempt
         self.state.last_status = None
         return job_id
 
-    def _before_create_hook(self, iteration: int) -> None:
-        """Test seam: called between the recorded upload and the job creation."""
+    def retry_failed_job(self, *, run: Any, run_id: str, iteration: int) -> str:
+        """After the current job failed or was cancelled: create the next attempt, or give up.
+
+        Each attempt's error is kept in the record. Raises ``FineTuneJobFailed`` listing
+        every attempt's error once ``max_attempts`` attempts have ended badly.
+        """
+        job_id = self.state.fine_tune_job_id
+        job = self._client().fine_tuning.jobs.retrieve(job_id)
+        record = self._read_record(run, iteration)
+        attempts = [a for a in record.get("attempts", []) if a.get("job_id") != job_id]
+        attempts.append({"attempt": self.state.fine_tune_attempt, "job_id": job_id, "status": job.status,
+                         "error": _error_repr(job.error) if job.status == "failed" else "cancelled"})
+        record["attempts"] = attempts
+        self._write_record(run, iteration, record)
+        if self.state.fine_tune_attempt >= self.max_attempts or "base_model" not in record:
+            listed = "; ".join(f"attempt {a['attempt']} ({a['job_id']}) {a['status']}: {a['error']}" for a in attempts)
+            raise FineTuneJobFailed(job_id, self.group_name, job.status,
+                                    f"{len(attempts)} attempt(s) of {self.max_attempts} ended badly: {listed}")
+        log.warning("group %s iteration %d: job %s %s; starting attempt %d of %d", self.group_name, iteration,
+                    job_id, job.status, self.state.fine_tune_attempt + 1, self.max_attempts)
+        return self._create_attempt(run, run_id, iteration, record, self.state.fine_tune_attempt + 1)
+
+    def _read_record(self, run: Any, iteration: int) -> dict[str, Any]:
+        if run is not None and run.exists(self._record_path(iteration)):
+            return run.read_json(self._record_path(iteration))
+        return {}
 
     def _write_record(self, run: Any, iteration: int, record: dict[str, Any]) -> None:
         if run is not None:
@@ -185,7 +251,11 @@ class PureTextSharedModelGroup:
     # -- status ---------------------------------------------------------------------------
 
     def get_fine_tune_job_status(self) -> str:
-        """``pending``/``running``/``succeeded``/``failed``/``cancelled``."""
+        """``succeeded``/``failed``/``cancelled``, or the non-terminal status to wait on.
+
+        ``validating_files`` and ``queued`` read as ``pending``; ``running``, ``paused``
+        and any status this code does not know are not terminal and are waited on.
+        """
         job_id = self.state.fine_tune_job_id
         if job_id in (FROZEN_JOB_ID, INSUFFICIENT_DATA_JOB_ID):
             self.state.last_status = "succeeded"
@@ -193,22 +263,17 @@ class PureTextSharedModelGroup:
         if job_id is None:
             raise ValueError(f"group {self.group_name}: no fine-tune job was created")
         status = self._client().fine_tuning.jobs.retrieve(job_id).status
-        if status not in STATUS_MAP:
-            raise UnknownJobStatusError(f"fine-tune job {job_id} (group {self.group_name}): status '{status}'")
-        self.state.last_status = STATUS_MAP[status]
+        if status not in STATUS_MAP and status != self.state.last_status:
+            log.warning("fine-tune job %s (group %s): status '%s' is not a known one; waiting on it as "
+                        "non-terminal", job_id, self.group_name, status)
+        self.state.last_status = STATUS_MAP.get(status, status)
         return self.state.last_status
 
     def get_fine_tune_job_error_repr(self) -> str:
         job_id = self.state.fine_tune_job_id
         if job_id in (None, FROZEN_JOB_ID, INSUFFICIENT_DATA_JOB_ID):
             raise ValueError(f"group {self.group_name}: job '{job_id}' has no error")
-        err = self._client().fine_tuning.jobs.retrieve(job_id).error
-        if err is None:
-            return "Code: None. Message: None."
-        out = f"Code: {err.code}. Message: {err.message}."
-        if getattr(err, "param", None):
-            out += f" Parameter: {err.param}."
-        return out
+        return _error_repr(self._client().fine_tuning.jobs.retrieve(job_id).error)
 
     def switch_to_next_model(self) -> None:
         """Use the fine-tuned model of the finished job (frozen: the base model)."""

@@ -81,6 +81,10 @@ class TextRlParameters(ParamsModel):
     test_scheme: Annotated[Literal["none", "all", "last", "first_and_last"],
                            BaseRunPreserve("rerun_tests")] = "none"
     test_on_whole_dataset: Annotated[bool, BaseRunPreserve("rerun_tests")] = True
+    fine_tune_max_attempts: int = Field(
+        3, ge=1, le=20,
+        description="jobs per (iteration, group): a failed or cancelled fine-tune job is retried as a new "
+                    "attempt until this many have ended badly, then the run fails listing every error")
 
 
 class PureTextEiParameters(ParamsModel):

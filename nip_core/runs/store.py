@@ -5,7 +5,7 @@ Layout (relative to ``<runs_dir>/<run_id>/``)::
     hyper_params.json   the HyperParameters (canonical JSON)
     metadata.json       package version, params hash, created/updated, W&B run id ...
     state.json          the trainer state (written atomically after every stage)
-    run.lock            present while a process drives the run
+    leases/run/         the lease of the driver working on the run (nip_core.runs.lease)
     checkpoints/        model/optimiser checkpoints (+ a .json manifest with a sha256 each)
     rollouts/           sampled rollouts, one file per iteration
     transcripts/        human-readable transcripts
@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import re
+import uuid
 from datetime import datetime, timezone
 from importlib import metadata as importlib_metadata
 from typing import Any, TypeVar
@@ -59,6 +60,10 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat()
 
 
+def new_incarnation() -> str:
+    return uuid.uuid4().hex[:12]
+
+
 def validate_run_id(run_id: str) -> str:
     if not RUN_ID_PATTERN.match(run_id or ""):
         raise InvalidRunIdError(run_id)
@@ -74,10 +79,26 @@ class Run:
         self.params = params
         self.params_hash = params.params_hash()
         self.lock = RunLock(storage, run_id)
+        self._incarnation: str | None = None
 
     @property
     def location(self) -> str:
         return self.storage.url()
+
+    @property
+    def incarnation(self) -> str:
+        """A random id given to this run store entry when it was created.
+
+        It goes into every remote object's identity (job metadata, file names), so a run
+        id that is deleted and created again never adopts the old entry's jobs or models.
+        Entries made before incarnations existed get one on first use.
+        """
+        if self._incarnation is None:
+            meta = self.metadata() if self.storage.exists(METADATA_FILE) else {}
+            if not meta.get("incarnation"):
+                meta = self.update_metadata(incarnation=new_incarnation())
+            self._incarnation = str(meta["incarnation"])
+        return self._incarnation
 
     # -- JSON ------------------------------------------------------------------------------
 
@@ -101,8 +122,19 @@ class Run:
 
     # -- state -----------------------------------------------------------------------------
 
+    def check_lease(self) -> None:
+        """Raise ``LeaseLostError`` if this process drives the run and lost its lease.
+
+        Called before every write that moves the run forward (state, checkpoints, remote
+        jobs), so a driver that was taken over stops before it can overwrite anything.
+        A run opened without taking the lease (read-only tools, unit tests) is not checked.
+        """
+        if self.lock.generation is not None:
+            self.lock.check()
+
     def save_state(self, state: BaseModel) -> None:
         """Atomically write ``state.json`` and bump ``metadata.updated``."""
+        self.check_lease()
         self.write_json(STATE_FILE, state)
         self.update_metadata(updated=_now())
 
@@ -147,6 +179,7 @@ class Run:
         The data file is written first and the manifest last, so a crash in between
         leaves a manifest that does not match and the checkpoint is refused, not reused.
         """
+        self.check_lease()
         sha = hashlib.sha256(data).hexdigest()
         self.storage.write_bytes(f"checkpoints/{name}.pt", data)
         manifest = {"name": name, "sha256": sha, "size": len(data), "params_hash": self.params_hash,
@@ -181,21 +214,34 @@ class Run:
         return {int(row["iteration"]) for row in self.read_metrics() if "iteration" in row}
 
     def read_metrics(self) -> list[dict[str, Any]]:
+        """The committed rows of ``metrics.jsonl``, in file order.
+
+        A row is committed once its newline is written: a last line without one is the
+        torn remains of an interrupted append and is ignored (even if it happens to
+        parse), consistently with :meth:`Storage.append_line`, which cuts it off before
+        the next append. Unparseable lines elsewhere are skipped with a warning.
+        """
         if not self.storage.exists(METRICS_FILE):
             return []
+        data = self.storage.read_bytes(METRICS_FILE)
+        if data and not data.endswith(b"\n"):
+            log.warning("%s: ignoring a torn last line (no newline; an interrupted append)",
+                        self.storage.url(METRICS_FILE))
+            data = data[:data.rfind(b"\n") + 1]
         rows = []
-        for line in self.storage.read_bytes(METRICS_FILE).decode().splitlines():
+        for line in data.decode("utf-8", errors="replace").splitlines():
             if line.strip():
                 try:
                     rows.append(json.loads(line))
                 except ValueError:
-                    log.warning("skipping a torn line in %s", self.storage.full(METRICS_FILE))
+                    log.warning("skipping a torn line in %s", self.storage.url(METRICS_FILE))
         return rows
 
     def append_metrics(self, iteration: int, metrics: dict[str, Any], key: str = "iteration") -> bool:
         """Append one metrics line unless one exists for this iteration (and key kind).
 
-        Returns whether a line was written. Resumed runs therefore never duplicate lines.
+        Returns whether a line was written. Resumed runs therefore never duplicate lines,
+        and a row torn by a crash (not committed, see :meth:`read_metrics`) is written again.
         """
         existing = {(row.get("kind", "train"), row.get(key)) for row in self.read_metrics()}
         kind = metrics.get("kind", "train")
@@ -255,7 +301,7 @@ class RunStore:
         if not existing:
             now = _now()
             run.write_json(METADATA_FILE, {
-                "run_id": run_id, "package_name": "nipflow", "package_version": package_version(),
+                "run_id": run_id, "incarnation": new_incarnation(), "package_name": "nipflow", "package_version": package_version(),
                 "params_hash": run.params_hash, "created": now, "updated": now,
                 "scenario": params.scenario, "trainer": params.trainer,
                 "interaction_protocol": params.interaction_protocol,

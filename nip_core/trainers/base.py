@@ -92,6 +92,14 @@ class Trainer(ABC):
         except CheckpointNotFoundError:
             return self._initialise_state()
 
+    def reload_state(self) -> None:
+        """Read the state again from the run store.
+
+        Drivers call it right after taking the run's lease: the trainer was built (and
+        its state read) before, and a previous driver may have moved the run on since.
+        """
+        self.state = self._load_or_initialise_state()
+
     def save_state(self) -> None:
         """Write the state atomically to the run store (no-op without a run)."""
         if self.run is not None and not self.settings.test_run:

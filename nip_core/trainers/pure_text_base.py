@@ -29,7 +29,7 @@ from pydantic import Field
 
 from nip_core.agents.pure_text import PureTextSharedModelGroupState
 from nip_core.environments.nested_array_dict import NestedArrayDict
-from nip_core.errors import FineTuneJobFailed, NipflowError
+from nip_core.errors import NipflowError
 from nip_core.scenarios.registry import build_scenario_instance
 from nip_core.trainers.base import Trainer, TrainerState
 from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, sample_rollouts, stable_seed
@@ -98,6 +98,10 @@ class PureTextRlTrainer(Trainer):
         for name, group in self.groups.items():
             if name in self.state.shared_model_groups:
                 group.state = self.state.shared_model_groups[name].model_copy()
+
+    def reload_state(self) -> None:
+        super().reload_state()
+        self._push_group_states()
 
     def save_state(self) -> None:
         self.state.shared_model_groups = {n: g.state.model_copy() for n, g in self.groups.items()}
@@ -367,11 +371,14 @@ class PureTextRlTrainer(Trainer):
                 bar.step(finished - done)
                 done = finished
                 bar.set_postfix(**statuses)
+            retried = False
             for name, s in statuses.items():
-                if s in ("failed", "cancelled"):
-                    g = self.groups[name]
-                    raise FineTuneJobFailed(g.state.fine_tune_job_id, name, s,
-                                            g.get_fine_tune_job_error_repr() if s == "failed" else "cancelled")
+                if s in ("failed", "cancelled"):  # a new attempt, or FineTuneJobFailed listing all
+                    self.groups[name].retry_failed_job(run=self.run, run_id=self.run_id, iteration=i)
+                    retried = True
+            if retried:
+                self.save_state()
+                continue
             if all(s == "succeeded" for s in statuses.values()):
                 return statuses
             if not block:

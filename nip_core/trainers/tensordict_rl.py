@@ -13,6 +13,13 @@ RNG (torch, numpy, python, the environments' generators and data positions) and 
 carried-over episode state of the training environment, so a resumed run produces the
 same batches and the same parameters as an uninterrupted one.
 
+Checkpoints across devices: :meth:`TensorDictRlTrainer.restore_checkpoint` loads with
+``map_location=settings.device``, so a checkpoint written on a CUDA host loads on a
+CPU-only one (and the other way round) with the tensors where this trainer computes. RNG
+states are brought back to the CPU before they are set (torch accepts only CPU byte
+tensors there). On a CUDA device the CUDA generators are saved too (``torch_cuda``); a host
+without CUDA skips them with a log line, since it cannot replay CUDA streams anyway.
+
 Other choices, documented:
 
 * Collection uses :func:`nip_core.environments.rollouts.collect_batch` (TorchRL's
@@ -61,6 +68,8 @@ from nip_core.trainers.progress import attach_progress_bar
 
 CHECKPOINT_PATTERN = re.compile(r"^iter_(\d{6,})$")
 
+log = logging.getLogger(__name__)
+
 
 @contextlib.contextmanager
 def _quiet_torchrl():
@@ -76,6 +85,22 @@ def _quiet_torchrl():
 
 def checkpoint_name(iteration: int) -> str:
     return f"iter_{iteration:06d}"
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor inside (dicts, lists, tuples) moved to the CPU.
+
+    RNG states must be CPU byte tensors (``torch.set_rng_state``,
+    ``torch.Generator.set_state``), but a checkpoint loaded with a CUDA ``map_location``
+    puts every stored tensor on the GPU.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
 
 
 class TensorDictTrainer(Trainer):
@@ -103,13 +128,39 @@ class TensorDictTrainer(Trainer):
         self.agent_names = list(self.protocol_handler.agent_names)
         self.verifier_index = self.agent_names.index(self.protocol_handler.verifier_names[0])
 
+    def _computes_on_cuda(self) -> bool:
+        return torch.device(self.settings.device).type == "cuda" and torch.cuda.is_available()
+
     def get_rng_states(self) -> dict[str, Any]:
-        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        """The global RNG states; ``torch_cuda`` (all CUDA devices) only when training on CUDA.
+
+        A CPU trainer writes no CUDA entry at all, so its checkpoints do not depend on
+        whether the host happens to have a GPU.
+        """
+        states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if self._computes_on_cuda():
+            states["torch_cuda"] = torch.cuda.get_rng_state_all()
+        return states
 
     def set_rng_states(self, states: dict[str, Any]) -> None:
-        torch.set_rng_state(states["torch"])
+        """Restore :meth:`get_rng_states`; tensors may sit on any device (moved to the CPU)."""
+        torch.set_rng_state(_to_cpu(states["torch"]))
         np.random.set_state(states["numpy"])
         random.setstate(states["python"])
+        cuda_states = states.get("torch_cuda")
+        if cuda_states is None:
+            return
+        if torch.cuda.is_available():
+            cuda_states = _to_cpu(list(cuda_states))
+            count = torch.cuda.device_count()
+            if len(cuda_states) > count:
+                # Written on a host with more GPUs: the extra devices do not exist here.
+                log.info("the checkpoint holds CUDA RNG states of %d devices, this host has %d: "
+                         "restoring the first %d", len(cuda_states), count, count)
+            torch.cuda.set_rng_state_all(cuda_states[:count])
+        else:
+            log.info("the checkpoint holds CUDA RNG states but CUDA is not available on this host: "
+                     "they are not restored (the CPU RNG states are)")
 
 
 class TensorDictRlTrainer(TensorDictTrainer):
@@ -182,8 +233,10 @@ class TensorDictRlTrainer(TensorDictTrainer):
         self._load_transform_state(self.train_env, state["train_transform"])
         self._load_transform_state(self.test_env, state["test_transform"])
         self.set_rng_states(state["rng"])
-        self._base_env(self.train_env).set_rng_state(state["train_env_rng"])
-        self._base_env(self.test_env).set_rng_state(state["test_env_rng"])
+        # The environments' generators and data positions are CPU objects whatever
+        # ``map_location`` put their saved tensors on.
+        self._base_env(self.train_env).set_rng_state(_to_cpu(state["train_env_rng"]))
+        self._base_env(self.test_env).set_rng_state(_to_cpu(state["test_env_rng"]))
         self._carried_td = state["carried_td"]
         self._memory_iteration = int(state["iteration"])
 
@@ -224,9 +277,12 @@ class TensorDictRlTrainer(TensorDictTrainer):
         return max(iterations) if iterations else None
 
     def restore_checkpoint(self, iteration: int) -> None:
-        """Load the checkpoint of exactly ``iteration``; raises if it is missing or corrupt."""
+        """Load the checkpoint of exactly ``iteration``; raises if it is missing or corrupt.
+
+        Tensors are mapped onto this trainer's device, whichever device wrote them.
+        """
         data, _ = self.run.load_checkpoint_bytes(checkpoint_name(iteration))
-        state = torch.load(io.BytesIO(data), weights_only=False)
+        state = torch.load(io.BytesIO(data), weights_only=False, map_location=self.settings.device)
         self.load_checkpoint_state(state)
 
     def restore_latest_checkpoint(self, upto: int | None = None) -> bool:

@@ -11,10 +11,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o666) 
     """Replace ``path`` with ``data`` so readers see the old or the new file, never half.
 
     Writes a temporary file in the same directory (created with ``mode & ~umask``), fsyncs
-    it and renames it over ``path``. The temporary file is removed on any failure.
+    it, renames it over ``path`` and fsyncs the directory: the rename is only durable once
+    the directory entry is on disk, otherwise a host crash can bring back the old file (or
+    none) although the call returned. Directories this call creates are made durable the
+    same way (their parents are fsynced). The temporary file is removed on any failure.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents_durably(path.parent)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
@@ -26,6 +29,25 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o666) 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    fsync_directory(path.parent)
+
+
+def _make_parents_durably(directory: Path) -> None:
+    """``mkdir -p directory``, fsyncing the parent of every directory it creates.
+
+    Costs nothing when ``directory`` exists already (the common case: one stat).
+    """
+    if directory.is_dir():
+        return
+    missing = []
+    current = directory
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    # Outermost first: each new entry is durable before the one inside it.
+    for created in reversed(missing):
+        fsync_directory(created.parent)
 
 
 def pid_alive(pid: int) -> bool:
@@ -43,3 +65,25 @@ def pid_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """fsync a directory so that a rename or link in it survives a crash of the host.
+
+    Filesystems that cannot fsync a directory (EINVAL, ENOTSUP, EBADF) are accepted as
+    they are.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(directory, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        import errno
+
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)

@@ -22,7 +22,7 @@ from fastapi import APIRouter, FastAPI, Request
 from nip_core.llm.server import chat, routes_files, routes_jobs, routes_models
 from nip_core.llm.server.config import ServerConfig
 from nip_core.llm.server.errors import error_body, install_error_handlers
-from nip_core.llm.server.faults import FaultConfig, FaultInjector, drop_connection, endpoint_group
+from nip_core.llm.server.faults import FaultConfig, FaultInjector, discard, drop_connection, endpoint_group
 from nip_core.llm.server.files import FileService
 from nip_core.llm.server.jobs import JobManager
 from nip_core.llm.server.registry import ModelRegistry
@@ -93,13 +93,19 @@ class Gateway:
             return
         group = endpoint_group(path)
         if group is not None:
-            fault, delay, rule = self.faults.draw(group)
+            fault, delay, rule = self.faults.draw(group, scope.get("method", "GET"))
             if delay:
                 await asyncio.sleep(delay)
             if fault in ("429", "500", "503"):
                 retry = {"retry-after": f"{rule.retry_after_s:g}", "retry-after-ms": f"{rule.retry_after_s * 1000:g}"}
                 status, body = _FAULT_BODIES[fault]
                 await _send_json(send, status, body, retry)
+                return
+            if fault == "lose_response":
+                await self.app(scope, receive, discard)  # acted on in full, then the answer is lost
+                if not await drop_connection(send):
+                    await _send_json(send, 502, error_body("response lost (injected fault)", "server_error"),
+                                     {"connection": "close"})
                 return
             if fault == "drop" and await drop_connection(send):
                 return

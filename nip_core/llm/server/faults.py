@@ -12,11 +12,16 @@ sequence of requests meets the same faults on every run):
 
   these three carry ``Retry-After`` (seconds, ``retry_after_s``) and ``retry-after-ms``
   headers, which the openai client honours, so tests with many faults stay fast;
-* ``rate_drop``: close the connection without any response;
+* ``rate_drop``: close the connection without any response (the request is not handled);
+* ``rate_lose_response``: handle the request in full (a file is stored, a job created)
+  and then close the connection without sending the response, as a proxy or a flaky
+  network that loses a response does: the client cannot tell whether it happened;
 * ``rate_slow`` (an independent second draw): wait ``slow_ms`` before handling.
 
-Faults are injected *before* the request is handled, so a retried request never has a
-side effect twice. Set them at start-up (``--faults JSON``) or at run time with
+``methods`` (e.g. ``["POST"]``) limits a rule to requests of those HTTP methods; the
+others of the group pass untouched and draw nothing. All faults but ``rate_lose_response``
+are injected *before* the request is handled, so retrying them never has a side effect
+twice; a lost response is exactly the case where a blind retry duplicates the object. Set them at start-up (``--faults JSON``) or at run time with
 ``POST /admin/faults`` (``GET`` shows them with the counts injected so far, ``DELETE``
 clears them).
 """
@@ -43,14 +48,18 @@ class FaultRule(BaseModel):
     rate_500: float = Field(0.0, ge=0, le=1)
     rate_503: float = Field(0.0, ge=0, le=1)
     rate_drop: float = Field(0.0, ge=0, le=1)
+    rate_lose_response: float = Field(0.0, ge=0, le=1)
+    methods: list[str] | None = Field(None, description="only requests with these HTTP methods (all if None)")
     rate_slow: float = Field(0.0, ge=0, le=1)
     slow_ms: float = Field(500.0, ge=0)
     retry_after_s: float = Field(0.05, ge=0, le=120)
 
     @model_validator(mode="after")
     def _total(self) -> "FaultRule":
-        if self.rate_429 + self.rate_500 + self.rate_503 + self.rate_drop > 1.0 + 1e-9:
-            raise ValueError("rate_429 + rate_500 + rate_503 + rate_drop must be at most 1")
+        if self.rate_429 + self.rate_500 + self.rate_503 + self.rate_drop + self.rate_lose_response > 1.0 + 1e-9:
+            raise ValueError("rate_429 + rate_500 + rate_503 + rate_drop + rate_lose_response must be at most 1")
+        if self.methods is not None:
+            self.methods = [m.upper() for m in self.methods]
         return self
 
 
@@ -115,10 +124,10 @@ class FaultInjector:
     def _rule(self, group: str) -> FaultRule | None:
         return self.config.endpoints.get(group) or self.config.endpoints.get("*")
 
-    def draw(self, group: str) -> tuple[str | None, float, FaultRule | None]:
-        """(fault or None, seconds to delay first, rule) for one request of ``group``."""
+    def draw(self, group: str, method: str = "GET") -> tuple[str | None, float, FaultRule | None]:
+        """(fault or None, seconds to delay first, rule) for one ``method`` request of ``group``."""
         rule = self._rule(group)
-        if rule is None:
+        if rule is None or (rule.methods is not None and method.upper() not in rule.methods):
             return None, 0.0, None
         rng = self._rngs[group]
         u, v = rng.random(), rng.random()
@@ -126,7 +135,8 @@ class FaultInjector:
         if delay:
             self.counts[f"{group}:slow"] += 1
         fault = None
-        edges = (("429", rule.rate_429), ("500", rule.rate_500), ("503", rule.rate_503), ("drop", rule.rate_drop))
+        edges = (("429", rule.rate_429), ("500", rule.rate_500), ("503", rule.rate_503), ("drop", rule.rate_drop),
+                 ("lose_response", rule.rate_lose_response))
         acc = 0.0
         for name, rate in edges:
             acc += rate
@@ -138,6 +148,10 @@ class FaultInjector:
 
     def status(self) -> dict:
         return {"config": self.config.model_dump(), "injected": dict(self.counts)}
+
+
+async def discard(message: dict) -> None:
+    """An ASGI ``send`` that loses every message (the response of a lost-response fault)."""
 
 
 async def drop_connection(send) -> bool:

@@ -65,7 +65,8 @@ def build_code_validation(hyper_params: Any, settings: Any, **_: Any) -> Scenari
         for field in ("model_name", "freeze_agent", "fine_tune_from_scratch"):
             if len({getattr(p, field) for p in ps}) > 1:
                 raise GroupConsistencyError(f"shared model group '{group}': agents {names} differ in '{field}'")
-        groups[group] = g = PureTextSharedModelGroup(group, names, ps[0], client)
+        groups[group] = g = PureTextSharedModelGroup(group, names, ps[0], client,
+                                                      max_attempts=hyper_params.text_rl.fine_tune_max_attempts)
         for a in names:
             agents[a] = PureTextWholeAgent(a, hyper_params.agent_params(a), client, lambda g=g: g.model_name)
     return ScenarioInstance(train_dataset=train, test_dataset=test, protocol_handler=handler, agents=agents,

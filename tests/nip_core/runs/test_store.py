@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from pydantic import BaseModel
@@ -17,6 +18,7 @@ from nip_core.errors import (
 )
 from nip_core.parameters import HyperParameters
 from nip_core.runs import RunStore
+from nip_core.runs.lock import RunLock
 
 
 class DemoState(BaseModel):
@@ -121,27 +123,30 @@ def test_metrics_never_duplicated(tmp_path):
     assert rows[0]["loss"] == 1.0
 
 
-def test_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
+def test_run_lease_refuses_a_live_holder_and_takes_over_a_killed_one_once_expired(tmp_path):
     store = RunStore(str(tmp_path))
     store.open_run("exp1", params())
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys,time; from nip_core.runs import RunStore;"
-         f"r=RunStore({str(tmp_path)!r}).open_run('exp1'); r.lock.acquire(); print('locked', flush=True);"
-         "time.sleep(60)"],
+         "import sys,time; from nip_core.runs import RunStore; from nip_core.runs.lock import RunLock;"
+         f"r=RunStore({str(tmp_path)!r}).open_run('exp1'); r.lock = RunLock(r.storage, 'exp1', ttl_s=1.5);"
+         "r.lock.acquire(); print('locked', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
     try:
         assert holder.stdout.readline().strip() == "locked"
         run = store.open_run("exp1")
+        run.lock = RunLock(run.storage, "exp1", ttl_s=1.5)
         with pytest.raises(RunLockedError) as info:
-            run.lock.acquire()
-        assert str(holder.pid) in str(info.value)
+            run.lock.acquire(wait_s=3.0)  # twice the ttl: the live holder keeps renewing
+        assert str(holder.pid) in str(info.value) and "expires_in_s" in str(info.value)
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-        run.lock.acquire()  # stale lock of a dead process is taken over
-        assert run.lock.held
+        started = time.monotonic()
+        run.lock.acquire(wait_s=10)  # the dead holder's claim expires; no pid or host is consulted
+        assert run.lock.held and run.lock.generation == 2
+        assert time.monotonic() - started < 5
         run.lock.release()
-        assert not (tmp_path / "exp1" / "run.lock").exists()
+        assert run.lock.view().owner is None
     finally:
         holder.kill()
 

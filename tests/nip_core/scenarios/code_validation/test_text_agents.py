@@ -40,36 +40,24 @@ def examples(n=12):
                           {"role": "assistant", "content": "Decision: accept"}]} for k in range(n)]
 
 
-class Crash(RuntimeError):
-    pass
-
-
 def jobs_with(client, group, run_id):
     return [j for j in client.fine_tuning.jobs.list(limit=100).data
             if (j.metadata or {}).get("nipflow_group") == group and j.metadata.get("nipflow_run_id") == run_id]
 
 
-def test_crash_between_upload_and_create_reuses_the_file_and_creates_one_job(client, run):
+def test_job_identity_and_record(client, run):
+    """Exactly-once creation under lost responses is tested in tests/nip_core/agents/test_exactly_once.py."""
     params = CodeValidationAgentParameters(model_name="gpt-4o-mini")
-    files_before = len(client.files.list().data)
-    crashing = PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: client)
-    crashing._before_create_hook = lambda iteration: (_ for _ in ()).throw(Crash("killed"))
-    with pytest.raises(Crash):
-        crashing.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=0)
+    g = PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: client)
+    job_id = g.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=0, seed=5)
     record = run.read_json("fine_tune/iter_0_verifier.json")
-    assert set(record) == {"file_id"}
-    fresh = PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: client)
-    job_id = fresh.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=0)
-    assert run.read_json("fine_tune/iter_0_verifier.json") == {"file_id": record["file_id"], "job_id": job_id}
-    assert len(client.files.list().data) == files_before + 1  # no second upload
-    # a process that died after the create call but before recording adopts the job
-    run.write_json("fine_tune/iter_0_verifier.json", {"file_id": record["file_id"]})
-    again = PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: client)
-    assert again.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=0) == job_id
-    assert [j.id for j in jobs_with(client, "verifier", "idem")] == [job_id]
+    assert record["job_id"] == job_id and record["attempt"] == 1 and record["seed"] == 5
+    assert record["filename"].startswith(f"nipflow-{run.incarnation}-it0-verifier-")
     job = client.fine_tuning.jobs.retrieve(job_id)
-    assert job.metadata == {"nipflow_run_id": "idem", "nipflow_iteration": "0", "nipflow_group": "verifier"}
-    assert len(job.user_provided_suffix) <= 64
+    assert job.metadata == {"nipflow_run_id": "idem", "nipflow_incarnation": run.incarnation,
+                            "nipflow_iteration": "0", "nipflow_group": "verifier", "nipflow_attempt": "1"}
+    assert job.training_file == record["file_id"] and len(job.user_provided_suffix) <= 64
+    assert [j.id for j in jobs_with(client, "verifier", "idem")] == [job_id]
 
 
 def test_insufficient_data_and_frozen_create_no_job(client, run):

@@ -1,0 +1,113 @@
+"""Secrets of flow runs: where the OpenAI API key comes from, and where it may never go.
+
+A secret is never a flow parameter: Prefect stores parameters in plain text in its
+database, shows them in the UI and copies them into child runs (sweep points, RL blocks).
+Flows therefore take the key from the worker instead, when they build their
+``ExperimentSettings``:
+
+1. ``$OPENAI_API_KEY`` of the process running the flow (wins when set), else
+2. the Prefect Secret block ``nipflow-openai-api-key`` (``nipflow prefect setup`` saves it
+   from ``$OPENAI_API_KEY``). A missing block means no key; any other failure to read it
+   is logged (without the value) and also means no key, so a run that never calls the
+   API (TensorDict trainers, the local server) is not stopped by it.
+
+:data:`SECRET_SETTINGS_FIELDS` (the ``SecretStr`` fields of ``ExperimentSettings``) is
+what :mod:`flows.parameters` refuses in flow parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import types
+import typing
+from typing import Any
+
+from pydantic import SecretBytes, SecretStr
+
+from flows.setup import OPENAI_SECRET_BLOCK
+from nip_core.settings import ExperimentSettings
+
+log = logging.getLogger(__name__)
+
+OPENAI_KEY_ENV = "OPENAI_API_KEY"
+
+
+def _holds_secret(annotation: Any) -> bool:
+    """Whether a type annotation is, or contains (``SecretStr | None``), a pydantic secret."""
+    if isinstance(annotation, type) and issubclass(annotation, (SecretStr, SecretBytes)):
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType or origin is typing.Annotated:
+        return any(_holds_secret(arg) for arg in typing.get_args(annotation))
+    return False
+
+
+#: Fields of ``ExperimentSettings`` typed as secrets: never accepted from flow parameters.
+SECRET_SETTINGS_FIELDS: frozenset[str] = frozenset(
+    name for name, field in ExperimentSettings.model_fields.items() if _holds_secret(field.annotation))
+
+
+def secret_parameter_error(path: str) -> str:
+    """The message refusing a secret given as a flow parameter at ``path``."""
+    return (f"{path}: secrets are not accepted as flow parameters; set {OPENAI_KEY_ENV} on the worker "
+            f"or run `nipflow prefect setup` to store it in the Secret block '{OPENAI_SECRET_BLOCK}'")
+
+
+def _prefect_api_available() -> bool:
+    """Whether a Prefect API is there to ask, without starting a temporary server.
+
+    Inside a flow or task run the run's own API is (also Prefect's temporary local
+    server); outside, only a configured ``PREFECT_API_URL`` is used.
+    """
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.settings import PREFECT_API_URL
+
+    return bool(PREFECT_API_URL.value()) or FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+def _is_missing_block(error: BaseException) -> bool:
+    from prefect.exceptions import ObjectNotFound
+
+    # Block.load reports a missing document (or an unregistered Secret type) as a
+    # ValueError raised from ObjectNotFound.
+    return isinstance(error, ObjectNotFound) or isinstance(error.__cause__, ObjectNotFound)
+
+
+def secret_from_block(name: str) -> SecretStr | None:
+    """The value of the Prefect Secret block ``name``, or None if it cannot be had.
+
+    Never raises for an unavailable block and never logs the value (only the error's type
+    is logged: a validation error message could quote it).
+    """
+    try:
+        if not _prefect_api_available():
+            log.debug("no Prefect API configured: the Secret block %r is not read", name)
+            return None
+        from prefect.blocks.system import Secret
+
+        value = Secret.load(name, _sync=True).get()
+    except Exception as error:  # noqa: BLE001 - no key is a valid outcome; the trainer says if it needs one
+        if _is_missing_block(error):
+            log.debug("no Secret block %r on the Prefect server", name)
+        else:
+            log.warning("could not read the Prefect Secret block %r (%s); continuing without its value",
+                        name, type(error).__name__)
+        return None
+    if value is None or value == "":
+        return None
+    return SecretStr(str(value))
+
+
+def openai_api_key() -> SecretStr | None:
+    """The OpenAI API key for this flow run: ``$OPENAI_API_KEY``, else the Secret block."""
+    env = os.environ.get(OPENAI_KEY_ENV)
+    if env:
+        return SecretStr(env)
+    return secret_from_block(OPENAI_SECRET_BLOCK)
+
+
+def with_secrets(settings: ExperimentSettings) -> ExperimentSettings:
+    """``settings`` with its secrets set from the worker's sources (never from parameters)."""
+    settings.openai_api_key = openai_api_key()
+    return settings

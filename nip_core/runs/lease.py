@@ -1,0 +1,330 @@
+"""Leases: one holder at a time for a named resource of a run store, on any number of hosts.
+
+A lease is a claim with an expiry. The holder renews it while it works; anyone may take
+it over once it has expired, and nobody before. Nothing depends on process ids or host
+names, so a holder on another host, in a restarted container (same hostname, pid 1) or
+behind a network partition is handled the same way: its claim stands until it expires.
+
+Layout under ``leases/<name>/`` in the run's storage::
+
+    0000000007.json        the claim of generation 7: owner token, holder description,
+                           ttl, expiry (written once, by an exclusive create)
+    0000000007.renew.json  the latest renewal of generation 7 (only its owner writes it)
+
+The only conditional operation needed is *create if absent* (``O_EXCL``/``link`` on a
+POSIX filesystem, ``If-None-Match: *`` on S3; see :meth:`Storage.create_exclusive`):
+to take over, a contender creates generation ``n + 1``; of several contenders exactly one
+succeeds. Generations only grow, so they double as fencing tokens: a holder that finds a
+newer generation has lost the lease and stops (:class:`LeaseLostError`).
+
+Expiry is wall-clock time written by the holder; hosts are assumed to keep their clocks
+within a small fraction of the ttl of each other (NTP). A holder also stops by itself when
+it could not renew for a whole ttl (it may be cut off from the store), so a contender
+never works beside a holder that merely stopped hearing from the store. See
+``docs/architecture.md`` ("One driver per run").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nip_core.errors import NipflowError, RunLockedError
+from nip_core.runs.storage import Storage
+
+log = logging.getLogger(__name__)
+
+LEASES_DIR = "leases"
+DEFAULT_TTL_ENV = "NIPFLOW_LEASE_TTL_S"
+_CLAIM = re.compile(r"^(\d{10})\.json$")
+KEEP_GENERATIONS = 4
+
+
+def default_ttl_s() -> float:
+    """The lease ttl: ``$NIPFLOW_LEASE_TTL_S`` or 60 s."""
+    value = os.environ.get(DEFAULT_TTL_ENV)
+    if not value:
+        return 60.0
+    try:
+        ttl = float(value)
+    except ValueError:
+        raise ValueError(f"{DEFAULT_TTL_ENV}={value!r} is not a number of seconds") from None
+    if ttl <= 0:
+        raise ValueError(f"{DEFAULT_TTL_ENV} must be positive, got {value}")
+    return ttl
+
+
+class LeaseLostError(NipflowError):
+    """This holder's lease was taken over (or could not be renewed for a whole ttl)."""
+
+    def __init__(self, what: str, reason: str):
+        super().__init__(f"lease on {what} lost: {reason}; stopping so that only one driver works on it")
+
+
+@dataclass
+class LeaseView:
+    """What the store says about a lease right now."""
+
+    generation: int  # 0: never taken
+    owner: str | None
+    holder: dict[str, Any]
+    expires_at: float  # wall clock; 0 when free
+
+    def expired(self, now: float) -> bool:
+        return self.owner is None or now >= self.expires_at
+
+
+class Lease:
+    """A renewable, expiring claim on ``leases/<name>`` of ``storage``.
+
+    Re-entrant within one object (nested ``acquire``/``release`` pairs). Use
+    :meth:`keep_alive` (or the context manager) to renew it from a background thread, and
+    :meth:`check` at the points where losing it must stop the work.
+
+    Parameters
+    ----------
+    storage
+        The run's storage (local directory or fsspec URL).
+    name
+        What the lease protects, e.g. ``"run"`` or a stage key.
+    ttl_s
+        Seconds a claim or renewal stays valid; renewals happen every ``ttl_s / 3``.
+    describe
+        Extra fields shown to whoever finds the lease held (never used for decisions).
+    label
+        How errors name what is leased (default: ``name``).
+    clock
+        Wall-clock source (seconds since the epoch).
+    """
+
+    def __init__(self, storage: Storage, name: str, *, ttl_s: float | None = None,
+                 describe: dict[str, Any] | None = None, label: str | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.storage = storage
+        self.name = name
+        self.label = label or name
+        self._joined = False
+        self.ttl_s = float(ttl_s if ttl_s is not None else default_ttl_s())
+        self.token = uuid.uuid4().hex
+        self.describe = {"host": socket.gethostname(), "pid": os.getpid(), **(describe or {})}
+        self.clock = clock
+        self.generation: int | None = None
+        self._depth = 0
+        self._lost: str | None = None
+        self._last_renewed = 0.0  # time.monotonic() of the last successful claim or renewal
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._mutex = threading.RLock()
+
+    # -- reading the store ----------------------------------------------------------------
+
+    def _dir(self) -> str:
+        return f"{LEASES_DIR}/{self.name}"
+
+    def _claim_rel(self, generation: int) -> str:
+        return f"{self._dir()}/{generation:010d}.json"
+
+    def _renew_rel(self, generation: int) -> str:
+        return f"{self._dir()}/{generation:010d}.renew.json"
+
+    def _generations(self) -> list[int]:
+        return sorted(int(m.group(1)) for n in self.storage.listdir(self._dir()) if (m := _CLAIM.match(n)))
+
+    def _read(self, rel: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.storage.read_bytes(rel))
+        except FileNotFoundError:
+            return None
+        except (ValueError, UnicodeDecodeError):
+            return {}  # empty or torn: carries no valid claim
+        return data if isinstance(data, dict) else {}
+
+    def view(self) -> LeaseView:
+        """The current generation, its owner and expiry (an unreadable claim counts as expired)."""
+        generations = self._generations()
+        if not generations:
+            return LeaseView(0, None, {}, 0.0)
+        generation = generations[-1]
+        claim = self._read(self._claim_rel(generation)) or {}
+        owner = claim.get("owner")
+        if not owner:
+            return LeaseView(generation, None, {"note": "unreadable claim"}, 0.0)
+        expires = float(claim.get("expires_at", 0.0))
+        renewal = self._read(self._renew_rel(generation)) or {}
+        if renewal.get("owner") == owner:
+            if renewal.get("released"):
+                return LeaseView(generation, None, claim.get("holder", {}), 0.0)
+            expires = max(expires, float(renewal.get("expires_at", 0.0)))
+        return LeaseView(generation, owner, claim.get("holder", {}), expires)
+
+    # -- taking and giving back ----------------------------------------------------------
+
+    def acquire(self, wait_s: float = 0.0, poll_s: float = 0.25) -> "Lease":
+        """Take the lease, waiting up to ``wait_s`` for the holder's claim to expire.
+
+        Raises
+        ------
+        RunLockedError
+            If another owner still holds an unexpired claim after ``wait_s``.
+        """
+        with self._mutex:
+            if self._depth:
+                self.check()
+                self._depth += 1
+                return self
+        deadline = time.monotonic() + wait_s
+        while True:
+            current = self.view()
+            now = self.clock()
+            if current.owner == self.token:
+                self._took(current.generation)
+                return self
+            if current.expired(now):
+                if self._try_claim(current.generation + 1):
+                    if current.owner is not None:
+                        log.warning("lease %s: took over generation %d of %s (expired %.1f s ago)", self.name,
+                                    current.generation, _describe(current.holder), now - current.expires_at)
+                    return self
+                continue  # another contender won this generation: look again
+            if time.monotonic() >= deadline:
+                raise RunLockedError(self.label, {**current.holder, "generation": current.generation,
+                                                 "expires_in_s": round(current.expires_at - now, 1)},
+                                     self.storage.full(self._claim_rel(current.generation)))
+            time.sleep(min(poll_s, max(0.01, current.expires_at - now)))
+
+    def _try_claim(self, generation: int) -> bool:
+        now = self.clock()
+        claim = {"owner": self.token, "holder": {**self.describe, "since": now}, "ttl_s": self.ttl_s,
+                 "expires_at": now + self.ttl_s, "generation": generation}
+        if not self.storage.create_exclusive(self._claim_rel(generation), json.dumps(claim).encode()):
+            return False
+        self._took(generation)
+        self._prune(generation)
+        return True
+
+    def _took(self, generation: int) -> None:
+        with self._mutex:
+            self.generation = generation
+            self._depth = 1
+            self._lost = None
+            self._last_renewed = time.monotonic()
+
+    def _prune(self, generation: int) -> None:
+        for old in self._generations():
+            if old <= generation - KEEP_GENERATIONS:
+                self.storage.remove(self._renew_rel(old))
+                self.storage.remove(self._claim_rel(old))
+
+    def join(self, owner: str, generation: int) -> "Lease":
+        """Work under a lease another process holds (a parent flow run's), renewing it too.
+
+        Raises :class:`LeaseLostError` if that claim is no longer the current, unexpired one.
+        """
+        current = self.view()
+        if current.generation != generation or current.owner != owner or current.expired(self.clock()):
+            raise LeaseLostError(self.label, f"generation {generation} is not the current claim "
+                                            f"(now generation {current.generation} of {_describe(current.holder)})")
+        self.token = owner
+        self._joined = True
+        self._took(generation)
+        return self
+
+    def release(self) -> None:
+        """Give the lease back (the outermost release of a re-entrant holder)."""
+        with self._mutex:
+            if not self._depth:
+                return
+            self._depth -= 1
+            if self._depth:
+                return
+        self.stop_renewing()
+        with self._mutex:
+            generation, self.generation = self.generation, None
+            joined, self._joined = self._joined, False
+            if joined:
+                return  # the claim is the parent's to give back
+            if self._lost is None and generation is not None and self.view().generation == generation:
+                self._write_renewal(generation, released=True)
+
+    @property
+    def held(self) -> bool:
+        return self._depth > 0 and self._lost is None
+
+    # -- renewing and checking -------------------------------------------------------------
+
+    def _write_renewal(self, generation: int, released: bool = False) -> None:
+        now = self.clock()
+        body = {"owner": self.token, "expires_at": 0.0 if released else now + self.ttl_s, "renewed_at": now,
+                "released": released}
+        self.storage.write_bytes(self._renew_rel(generation), json.dumps(body).encode())
+
+    def renew(self) -> None:
+        """Extend the claim by a ttl; raise :class:`LeaseLostError` if it was taken over."""
+        with self._mutex:
+            if self._lost is not None:
+                raise LeaseLostError(self.label, self._lost)
+            generation = self.generation
+            if generation is None:
+                raise LeaseLostError(self.label, "not held")
+            newest = self._generations()
+            if newest and newest[-1] != generation:
+                self._lost = f"generation {newest[-1]} was claimed by another driver"
+                raise LeaseLostError(self.label, self._lost)
+            started = time.monotonic()
+            self._write_renewal(generation)
+            self._last_renewed = started
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLostError` if the lease was lost or not renewed for a whole ttl."""
+        with self._mutex:
+            if self._lost is not None:
+                raise LeaseLostError(self.label, self._lost)
+            if self._depth and time.monotonic() - self._last_renewed > self.ttl_s:
+                self._lost = f"not renewed for {self.ttl_s:g} s (store unreachable?)"
+                raise LeaseLostError(self.label, self._lost)
+
+    def keep_alive(self) -> None:
+        """Renew every ``ttl_s / 3`` from a daemon thread until released."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop_renewing(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=self.ttl_s)
+
+    def _renew_loop(self) -> None:
+        interval = self.ttl_s / 3.0
+        while not self._stop.wait(interval):
+            try:
+                self.renew()
+            except LeaseLostError as e:
+                log.error("%s", e)
+                return
+            except Exception as e:  # noqa: BLE001 - a store hiccup: try again; check() stops the work if it lasts
+                log.warning("lease %s: renewal failed (%s); retrying", self.name, e)
+
+    def __enter__(self) -> "Lease":
+        self.acquire()
+        self.keep_alive()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def _describe(holder: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in holder.items()) or "unknown holder"
