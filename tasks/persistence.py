@@ -5,8 +5,9 @@ keyed by ``(run_id, params_hash, <position>)`` rather than by the flow run, so t
 *new* flow run for the same run_id finds the results of the previous one and does not
 execute completed work again. Keys are computed from the run, never from the raw inputs
 (``INPUTS`` alone would collide across tasks, and a trainer object cannot be hashed).
-Transactions are SERIALIZABLE with file locks next to the results, so two processes that
-race on the same key execute it once; the second one waits and reads the first's result.
+Transactions are SERIALIZABLE with expiring lease locks in the run's storage
+(:mod:`tasks.locks`), so two processes that race on the same key execute it once — on one
+host or several; the second one waits and reads the first's result.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from typing import Any, Callable, Optional
 from prefect.cache_policies import CachePolicy
 from prefect.transactions import IsolationLevel
 
-from tasks.locks import StaleAwareLockManager
+from tasks.locks import LeaseLockManager
 
 RESULTS_DIR = "results"
-LOCKS_DIR = "locks"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
 
 
@@ -76,21 +76,6 @@ def result_storage_for(run: Any):
         return block
 
 
-def lock_dir_for(run: Any) -> Path:
-    """Lock files for the run's transactions.
-
-    Local run stores keep them in ``<run>/locks``. For a URL run store they live in the
-    local Prefect home: file locks only exclude processes on one host, which is what
-    Prefect's file lock manager offers (cross-host exclusion comes from the idempotent
-    stage functions and the ``gpu`` concurrency limit).
-    """
-    if run.storage.local:
-        return Path(run.storage.full(LOCKS_DIR))
-    from prefect.settings import PREFECT_HOME
-
-    return Path(PREFECT_HOME.value()) / "nipflow-locks" / run.run_id
-
-
 @dataclass
 class RunKeyPolicy(CachePolicy):
     """Cache key ``(run_id, params_hash, *key_fn(inputs))`` of a task taking ``trainer``.
@@ -111,11 +96,9 @@ class RunKeyPolicy(CachePolicy):
 def task_options_for(trainer: Any, key_fn: Callable[[dict[str, Any]], tuple]) -> dict[str, Any]:
     """``Task.with_options`` arguments that make a task resumable and race-safe for a run."""
     run = _run_of(trainer)
-    lock_dir = lock_dir_for(run)
-    lock_dir.mkdir(parents=True, exist_ok=True)
     policy = RunKeyPolicy(key_fn=key_fn).configure(
         isolation_level=IsolationLevel.SERIALIZABLE,
-        lock_manager=StaleAwareLockManager(lock_files_directory=lock_dir),
+        lock_manager=LeaseLockManager(run.storage),
     )
     return dict(cache_policy=policy, persist_result=True, result_storage=result_storage_for(run),
                 result_serializer="json")
