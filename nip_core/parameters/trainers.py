@@ -54,10 +54,13 @@ class SpgParameters(ParamsModel):
     additional_lola_term: bool = True
     sos_scaling_factor: float = Field(0.5, gt=0.0, le=1.0)
     sos_threshold_factor: float = Field(0.1, gt=0.0)
-    ihvp_variant: Literal["nystrom"] = "nystrom"
-    ihvp_num_iterations: int = Field(5, gt=0)
-    ihvp_rank: int = Field(5, gt=0)
-    ihvp_rho: float = Field(0.1, gt=0.0)
+    ihvp_variant: Literal["nystrom", "conj_grad"] = Field(
+        "nystrom", description="inverse-Hessian-vector product of the Stackelberg variants: Nyström "
+                               "(rank ihvp_rank) or conjugate gradients (ihvp_num_iterations steps); the "
+                               "original's 'neumann' was never implemented and is refused")
+    ihvp_num_iterations: int = Field(5, gt=0, description="conjugate-gradient steps (ihvp_variant='conj_grad')")
+    ihvp_rank: int = Field(5, gt=0, description="Hessian rows sampled by the Nyström approximation")
+    ihvp_rho: float = Field(0.1, gt=0.0, description="damping ρ of (H + ρI)⁻¹")
 
 
 class ReinforceParameters(ParamsModel):

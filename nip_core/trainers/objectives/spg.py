@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from nip_core.agents.distributions import joint_log_prob_and_entropy
 from nip_core.trainers.objectives.common import critic_loss, normalized_advantage, resolve_clip_value
-from nip_core.trainers.objectives.nystrom import nystrom_ihvp
+from nip_core.trainers.objectives.nystrom import conjugate_gradient_ihvp, nystrom_ihvp
 
 Vec = list[Tensor]
 
@@ -84,6 +84,14 @@ class SpgLoss(nn.Module):
 
     def set_extra_state(self, state) -> None:
         self.ihvp_generator.set_state(state["ihvp_generator"])
+
+    def _ihvp(self, follower_loss, leader_loss, params):
+        """``(H_F + ρI)⁻¹ ∇ leader_loss`` by ``spg.ihvp_variant`` (Nyström or conjugate gradients)."""
+        spg = self.hp.spg
+        if spg.ihvp_variant == "conj_grad":
+            return conjugate_gradient_ihvp(follower_loss, leader_loss, params, spg.ihvp_num_iterations, spg.ihvp_rho)
+        return nystrom_ihvp(follower_loss, leader_loss, params, spg.ihvp_rank, spg.ihvp_rho,
+                            generator=self.ihvp_generator)
 
     # -- forward ------------------------------------------------------------------------------
 
@@ -158,9 +166,8 @@ class SpgLoss(nn.Module):
                             cpg = _axpy(b1, coeff_s[mid], _axpy(b2, coeff_pg[mid], cpg))
                         coeff_s[f], coeff_pg[f] = cs, cpg
                     if stackelberg:
-                        multiplier = [m.detach() for m in nystrom_ihvp(
-                            matrix[idx[f], idx[f]], objective[lead], params[f], self.hp.spg.ihvp_rank,
-                            self.hp.spg.ihvp_rho, generator=self.ihvp_generator)]
+                        multiplier = [m.detach() for m in self._ihvp(matrix[idx[f], idx[f]], objective[lead],
+                                                                     params[f])]
                         c = 1.0
                     else:
                         multiplier = g[(lead, f)]
