@@ -13,6 +13,11 @@ RNG (torch, numpy, python, the environments' generators and data positions) and 
 carried-over episode state of the training environment, so a resumed run produces the
 same batches and the same parameters as an uninterrupted one.
 
+Preemption (:mod:`nip_core.trainers.preemption`): SIGTERM, SIGUSR1 or Ctrl-C during
+:meth:`TensorDictRlTrainer.run_iterations` stop training after the current minibatch
+step; the checkpoint of the last finished iteration is written and
+``TrainingPreempted`` raised, so a resume is exact.
+
 Checkpoints across devices: :meth:`TensorDictRlTrainer.restore_checkpoint` loads with
 ``map_location=settings.device``, so a checkpoint written on a CUDA host loads on a
 CPU-only one (and the other way round) with the tensors where this trainer computes. RNG
@@ -64,6 +69,7 @@ from nip_core.environments.rollouts import collect_batch, normalized_env, random
 from nip_core.errors import CheckpointNotFoundError
 from nip_core.scenarios.registry import build_scenario_instance
 from nip_core.trainers.base import Trainer, set_global_seed
+from nip_core.trainers.preemption import PreemptionGuard, TrainingPreempted
 from nip_core.trainers.progress import attach_progress_bar
 
 CHECKPOINT_PATTERN = re.compile(r"^iter_(\d{6,})$")
@@ -81,6 +87,10 @@ def _quiet_torchrl():
         yield
     finally:
         logger.setLevel(level)
+
+
+class _StopRequested(Exception):
+    """A preemption signal arrived: leave the iteration after the current minibatch step."""
 
 
 def checkpoint_name(iteration: int) -> str:
@@ -197,6 +207,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         for group in all_groups:
             group["initial_lr"] = group["lr"]
         self.optimizer = torch.optim.Adam(all_groups, eps=1e-5) if all_groups else None
+        self._preemption: PreemptionGuard | None = None  # set while run_iterations trains
+        self._stored_iteration: int | None = None  # newest checkpoint this object wrote or read
         # Start of the episode state carried across iterations (reset once, deterministic).
         set_global_seed(hp.seed)
         self._carried_td = self.train_env.reset()
@@ -255,15 +267,24 @@ class TensorDictRlTrainer(TensorDictTrainer):
         if transform is not None and state is not None:
             transform.load_state_dict(state)
 
-    def save_checkpoint(self) -> None:
-        """Write ``iter_{n:06d}`` to the run store and the trainer state (no-op without a run)."""
-        if self.run is None or self.settings.test_run:
-            return
+    def _checkpoint_bytes(self) -> bytes:
         buffer = io.BytesIO()
         torch.save(self.checkpoint_state(), buffer)
-        name = checkpoint_name(self._memory_iteration)
-        self.run.save_checkpoint_bytes(name, buffer.getvalue(), iteration=self._memory_iteration)
-        self.state.iteration = self._memory_iteration
+        return buffer.getvalue()
+
+    def save_checkpoint(self) -> None:
+        """Write ``iter_{n:06d}`` to the run store and the trainer state (no-op without a run)."""
+        self._write_checkpoint(self._memory_iteration, None)
+
+    def _write_checkpoint(self, iteration: int, data: bytes | None) -> None:
+        """Store the checkpoint of ``iteration`` (``data``: its bytes, default the current state)."""
+        if self.run is None or self.settings.test_run:
+            return
+        name = checkpoint_name(iteration)
+        self.run.save_checkpoint_bytes(name, data if data is not None else self._checkpoint_bytes(),
+                                       iteration=iteration)
+        self._stored_iteration = iteration
+        self.state.iteration = iteration
         self.save_state()
         self.log_run_artifact("checkpoint", "checkpoint", [f"checkpoints/{name}.pt", f"checkpoints/{name}.json"])
 
@@ -284,6 +305,7 @@ class TensorDictRlTrainer(TensorDictTrainer):
         data, _ = self.run.load_checkpoint_bytes(checkpoint_name(iteration))
         state = torch.load(io.BytesIO(data), weights_only=False, map_location=self.settings.device)
         self.load_checkpoint_state(state)
+        self._stored_iteration = iteration
 
     def restore_latest_checkpoint(self, upto: int | None = None) -> bool:
         """Load the newest checkpoint (at most ``upto``) if it is ahead of memory."""
@@ -348,7 +370,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
                 f"{self.run.location if self.run else '<no run>'}/checkpoints/{checkpoint_name(start)}",
                 f"checkpoint for iteration {start}")
         every = self.settings.checkpoint_every
-        self._train_loop(stop, every)
+        try:
+            with PreemptionGuard() as self._preemption:
+                self._train_loop(stop, every)
+        finally:
+            self._preemption = None
         self.save_checkpoint()
 
     @attach_progress_bar(lambda self: self.hyper_params.rl.num_iterations, "train")
@@ -356,7 +382,17 @@ class TensorDictRlTrainer(TensorDictTrainer):
         if iteration_context is not None and iteration_context.count < self._memory_iteration:
             iteration_context.step(self._memory_iteration - iteration_context.count)
         while self._memory_iteration < stop:
-            stats = self._train_iteration(self._memory_iteration)
+            # The state at the start of an iteration is the checkpoint of the last finished
+            # one: kept in memory (unless stored already) so that a preemption can write it.
+            finished = self._memory_iteration
+            keep = (None if self.run is None or self.settings.test_run or self._stored_iteration == finished
+                    else self._checkpoint_bytes())
+            try:
+                stats = self._train_iteration(self._memory_iteration)
+            except _StopRequested:
+                if self._stored_iteration != finished:
+                    self._write_checkpoint(finished, keep)
+                raise TrainingPreempted(self._preemption.signum, finished) from None
             self._memory_iteration += 1
             self.log_stats(stats, self._memory_iteration - 1)
             if iteration_context is not None:
@@ -417,6 +453,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         all_params = [p for g in (self.optimizer.param_groups if self.optimizer else []) for p in g["params"]]
         totals: dict[str, float] = {}
         for _ in range(num_steps):
+            if self._preemption is not None and self._preemption.requested:
+                raise _StopRequested  # the previous minibatch step is complete; drop the iteration
             minibatch = buffer.sample()
             losses = self.loss_module(minibatch)
             for key, value in losses.items(include_nested=True, leaves_only=True):
