@@ -35,6 +35,9 @@ class ExperimentSettings(BaseModel):
     on_params_mismatch: ParamsMismatchPolicy = "refuse"
     checkpoint_every: int = Field(10, ge=0, description="TensorDict trainers: also checkpoint every N iterations (0: only at the end of a range)")
     show_progress: bool | None = Field(None, description="None: only when stderr is a TTY")
+    profile_iterations: str | None = Field(
+        None, pattern=r"^\d+:\d+$", description="TensorDict trainers: 'START:STOP' iterations to record with "
+                                                   "torch.profiler (Chrome trace in the run store's profiles/)")
     use_wandb: bool = True
     wandb_project: str | None = None
     wandb_mode: Literal["offline", "online", "disabled"] | None = None

@@ -11,12 +11,17 @@ from __future__ import annotations
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torch import nn
+from torchrl.envs.utils import ExplorationType, exploration_type
 
 from nip_core.agents.distributions import joint_log_prob_and_entropy, sample_actions
 
 
 class PolicyOperator(TensorDictModuleBase):
-    """Sample every agent's message and decision from the combined policy."""
+    """Sample every agent's message and decision from the combined policy.
+
+    Under TorchRL's ``set_exploration_type(DETERMINISTIC)`` (or ``MODE``) the most likely
+    action is taken instead (greedy test loops).
+    """
 
     def __init__(self, agents: nn.Module, message_out_key: str, in_keys: list):
         super().__init__()
@@ -28,7 +33,10 @@ class PolicyOperator(TensorDictModuleBase):
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
         message_logits, decision_logits = self.agents.policy(td)
-        message, decision = sample_actions(message_logits.detach(), decision_logits.detach())
+        if exploration_type() in (ExplorationType.DETERMINISTIC, ExplorationType.MODE):
+            message, decision = message_logits.detach().argmax(-1), decision_logits.detach().argmax(-1)
+        else:
+            message, decision = sample_actions(message_logits.detach(), decision_logits.detach())
         log_prob, _ = joint_log_prob_and_entropy(message_logits, decision_logits, message, decision)
         td.set(("agents", "main_message_logits"), message_logits)
         td.set(("agents", "decision_logits"), decision_logits)

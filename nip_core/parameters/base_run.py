@@ -2,7 +2,7 @@
 
 ``"parameters"`` and ``"rerun_tests"`` start from the base run's hyper-parameters; the
 fields annotated ``BaseRunPreserve(<type>)`` keep the current value for that type (for
-``rerun_tests``: ``rl.num_test_iterations``, ``text_rl.test_scheme``,
+``rerun_tests``: ``rl.num_test_iterations``, ``rl.test_greedy``, ``text_rl.test_scheme``,
 ``text_rl.test_on_whole_dataset``), and the ``base_run`` group itself is always the
 current one. ``"none"`` returns the parameters unchanged.
 """

@@ -30,6 +30,28 @@ class RlTrainerParameters(ParamsModel):
     lmbda: float = Field(0.95, ge=0.0, le=1.0)
     use_shared_body: bool = True
     num_test_iterations: Annotated[int, BaseRunPreserve("rerun_tests")] = Field(10, ge=0)
+    optimizer: Literal["adam", "adamw", "sgd", "rmsprop", "adagrad"] = Field(
+        "adam", description="TensorDict trainers' optimiser (the original always used Adam)")
+    optimizer_eps: float = Field(1e-5, gt=0.0, description="eps of adam, adamw, rmsprop and adagrad")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="adam/adamw moment decay rates")
+    momentum: float = Field(0.0, ge=0.0, lt=1.0, description="sgd/rmsprop momentum")
+    weight_decay: float = Field(0.0, ge=0.0, description="weight decay (decoupled for adamw, L2 otherwise)")
+    gradient_accumulation_steps: int = Field(
+        1, gt=0, description="minibatches whose gradients are averaged into one optimiser step")
+    test_greedy: Annotated[bool, BaseRunPreserve("rerun_tests")] = Field(
+        False, description="test loop: take each agent's most likely action instead of sampling")
+
+    @model_validator(mode="after")
+    def _optimizer_arguments(self) -> "RlTrainerParameters":
+        if self.momentum and self.optimizer not in ("sgd", "rmsprop"):
+            raise ValueError(f"momentum is an argument of sgd and rmsprop, not of optimizer='{self.optimizer}'")
+        if tuple(self.betas) != (0.9, 0.999) and self.optimizer not in ("adam", "adamw"):
+            raise ValueError(f"betas are an argument of adam and adamw, not of optimizer='{self.optimizer}'")
+        if self.optimizer == "sgd" and self.optimizer_eps != 1e-5:
+            raise ValueError("optimizer_eps is not an argument of sgd")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {tuple(self.betas)}")
+        return self
 
 
 class CommonPpoParameters(ParamsModel):

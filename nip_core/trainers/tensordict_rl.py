@@ -2,8 +2,11 @@
 
 One iteration = collect a batch of ``frames_per_batch`` steps (``num_envs`` parallel
 episodes x ``steps_per_env`` steps, auto-reset) → GAE per agent → ``num_epochs`` passes of
-minibatches from a replay buffer → loss → Adam step (with gradient clipping, optional lr
-annealing, per-agent update schedules) → log stats.
+minibatches from a replay buffer → loss → optimiser step (``rl.optimizer``, Adam by
+default; gradients averaged over ``rl.gradient_accumulation_steps`` minibatches, clipped;
+optional lr annealing, per-agent update schedules) → log stats with per-phase timings
+(:mod:`nip_core.trainers.timing`). The test loop samples, or takes the most likely
+actions with ``rl.test_greedy`` (TorchRL's ``ExplorationType.DETERMINISTIC``).
 
 Resumability (a fix of QUIRK 22): :meth:`TensorDictRlTrainer.run_iterations` restores the
 latest checkpoint of the run store and checkpoints at the end of the range (and every
@@ -49,10 +52,8 @@ Other choices, documented:
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import random
-import re
 from abc import abstractmethod
 from typing import Any
 
@@ -62,6 +63,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import SamplerWithoutReplacement
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from nip_core.agents.operators import PolicyOperator, ValueOperator
 from nip_core.environments.episode_stats import episode_stats
@@ -70,9 +72,10 @@ from nip_core.errors import CheckpointNotFoundError
 from nip_core.scenarios.registry import build_scenario_instance
 from nip_core.trainers.base import Trainer, set_global_seed
 from nip_core.trainers.preemption import PreemptionGuard, TrainingPreempted
+from nip_core.trainers.optim import build_optimizer
 from nip_core.trainers.progress import attach_progress_bar
-
-CHECKPOINT_PATTERN = re.compile(r"^iter_(\d{6,})$")
+from nip_core.trainers.tensordict_checkpoints import TensorDictCheckpointMixin, _to_cpu, checkpoint_name
+from nip_core.trainers.timing import IterationProfiler, PhaseTimer, parse_iteration_range
 
 log = logging.getLogger(__name__)
 
@@ -91,26 +94,6 @@ def _quiet_torchrl():
 
 class _StopRequested(Exception):
     """A preemption signal arrived: leave the iteration after the current minibatch step."""
-
-
-def checkpoint_name(iteration: int) -> str:
-    return f"iter_{iteration:06d}"
-
-
-def _to_cpu(value: Any) -> Any:
-    """``value`` with every tensor inside (dicts, lists, tuples) moved to the CPU.
-
-    RNG states must be CPU byte tensors (``torch.set_rng_state``,
-    ``torch.Generator.set_state``), but a checkpoint loaded with a CUDA ``map_location``
-    puts every stored tensor on the GPU.
-    """
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
 
 
 class TensorDictTrainer(Trainer):
@@ -173,7 +156,7 @@ class TensorDictTrainer(Trainer):
                      "they are not restored (the CPU RNG states are)")
 
 
-class TensorDictRlTrainer(TensorDictTrainer):
+class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
     """The TorchRL loop; subclasses provide the loss (:meth:`_get_loss_module_and_gae`)."""
 
     trainer_type = "rl"
@@ -206,7 +189,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         all_groups = [g for groups in self.agent_groups.values() for g in groups]
         for group in all_groups:
             group["initial_lr"] = group["lr"]
-        self.optimizer = torch.optim.Adam(all_groups, eps=1e-5) if all_groups else None
+        self.optimizer = build_optimizer(all_groups, hp.rl)
+        self.profiler = IterationProfiler(parse_iteration_range(self.settings.profile_iterations), self.run)
         self._preemption: PreemptionGuard | None = None  # set while run_iterations trains
         self._stored_iteration: int | None = None  # newest checkpoint this object wrote or read
         # Start of the episode state carried across iterations (reset once, deterministic).
@@ -219,125 +203,6 @@ class TensorDictRlTrainer(TensorDictTrainer):
     @abstractmethod
     def _get_loss_module_and_gae(self):
         """``(loss_module, value_estimator)``; the estimator may be ``None`` (no critic)."""
-
-    # -- checkpointing -----------------------------------------------------------------------
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        """Everything needed to continue training exactly from the current iteration."""
-        return {
-            "iteration": self._memory_iteration,
-            "agents": self.agents.state_dict(),
-            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "loss_module": self.loss_module.state_dict(),
-            "train_transform": self._transform_state(self.train_env),
-            "test_transform": self._transform_state(self.test_env),
-            "rng": self.get_rng_states(),
-            "train_env_rng": self._base_env(self.train_env).get_rng_state(),
-            "test_env_rng": self._base_env(self.test_env).get_rng_state(),
-            "carried_td": self._carried_td.clone(),
-        }
-
-    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
-        self.agents.load_state_dict(state["agents"])
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.loss_module.load_state_dict(state["loss_module"])
-        self._load_transform_state(self.train_env, state["train_transform"])
-        self._load_transform_state(self.test_env, state["test_transform"])
-        self.set_rng_states(state["rng"])
-        # The environments' generators and data positions are CPU objects whatever
-        # ``map_location`` put their saved tensors on.
-        self._base_env(self.train_env).set_rng_state(_to_cpu(state["train_env_rng"]))
-        self._base_env(self.test_env).set_rng_state(_to_cpu(state["test_env_rng"]))
-        self._carried_td = state["carried_td"]
-        self._memory_iteration = int(state["iteration"])
-
-    @staticmethod
-    def _base_env(env):
-        return getattr(env, "base_env", env)
-
-    @staticmethod
-    def _transform_state(env):
-        transform = getattr(env, "transform", None)
-        return transform.state_dict() if transform is not None else None
-
-    @staticmethod
-    def _load_transform_state(env, state) -> None:
-        transform = getattr(env, "transform", None)
-        if transform is not None and state is not None:
-            transform.load_state_dict(state)
-
-    def _checkpoint_bytes(self) -> bytes:
-        buffer = io.BytesIO()
-        torch.save(self.checkpoint_state(), buffer)
-        return buffer.getvalue()
-
-    def save_checkpoint(self) -> None:
-        """Write ``iter_{n:06d}`` to the run store and the trainer state (no-op without a run)."""
-        self._write_checkpoint(self._memory_iteration, None)
-
-    def _write_checkpoint(self, iteration: int, data: bytes | None) -> None:
-        """Store the checkpoint of ``iteration`` (``data``: its bytes, default the current state)."""
-        if self.run is None or self.settings.test_run:
-            return
-        name = checkpoint_name(iteration)
-        self.run.save_checkpoint_bytes(name, data if data is not None else self._checkpoint_bytes(),
-                                       iteration=iteration)
-        self._stored_iteration = iteration
-        self.state.iteration = iteration
-        self.save_state()
-        self.log_run_artifact("checkpoint", "checkpoint", [f"checkpoints/{name}.pt", f"checkpoints/{name}.json"])
-
-    def latest_checkpoint_iteration(self, upto: int | None = None) -> int | None:
-        """The newest checkpointed iteration (at most ``upto`` when given)."""
-        if self.run is None:
-            return None
-        iterations = [int(m.group(1)) for n in self.run.list_checkpoints() if (m := CHECKPOINT_PATTERN.match(n))]
-        if upto is not None:
-            iterations = [i for i in iterations if i <= upto]
-        return max(iterations) if iterations else None
-
-    def restore_checkpoint(self, iteration: int) -> None:
-        """Load the checkpoint of exactly ``iteration``; raises if it is missing or corrupt.
-
-        Tensors are mapped onto this trainer's device, whichever device wrote them.
-        """
-        data, _ = self.run.load_checkpoint_bytes(checkpoint_name(iteration))
-        state = torch.load(io.BytesIO(data), weights_only=False, map_location=self.settings.device)
-        self.load_checkpoint_state(state)
-        self._stored_iteration = iteration
-
-    def restore_latest_checkpoint(self, upto: int | None = None) -> bool:
-        """Load the newest checkpoint (at most ``upto``) if it is ahead of memory."""
-        latest = self.latest_checkpoint_iteration(upto)
-        if latest is None or latest <= self._memory_iteration:
-            return False
-        self.restore_checkpoint(latest)
-        return True
-
-    def maybe_warm_start(self) -> bool:
-        """Load the warm-start agents of a run that has no state yet (see :mod:`.warm_start`).
-
-        Only the agents' weights are loaded: the run still starts at iteration 0 with a
-        fresh optimiser, its own loss-module state, normaliser statistics and RNG streams
-        (the reasons are in :mod:`nip_core.trainers.warm_start`). Called by
-        :meth:`run_iterations` before the first iteration; at most once per trainer object.
-
-        Raises
-        ------
-        CorruptCheckpointError
-            If the warm-start checkpoint fails its sha256 manifest (names the file).
-        WarmStartError
-            If its weights do not fit this run's agents (names the tensors).
-        """
-        if (self.run is None or self.settings.test_run or self._memory_iteration != 0
-                or getattr(self, "_warm_start_checked", False) or self.run.has_state()):
-            return False
-        from nip_core.trainers.warm_start import load_warm_start_agents
-
-        record = load_warm_start_agents(self.run, self.agents)  # logs and records metadata.warm_started
-        self._warm_start_checked = True
-        return record is not None
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -388,8 +253,11 @@ class TensorDictRlTrainer(TensorDictTrainer):
             keep = (None if self.run is None or self.settings.test_run or self._stored_iteration == finished
                     else self._checkpoint_bytes())
             try:
+                self.profiler.before(finished)
                 stats = self._train_iteration(self._memory_iteration)
+                self.profiler.after(finished)
             except _StopRequested:
+                self.profiler.close()
                 if self._stored_iteration != finished:
                     self._write_checkpoint(finished, keep)
                 raise TrainingPreempted(self._preemption.signum, finished) from None
@@ -412,13 +280,17 @@ class TensorDictRlTrainer(TensorDictTrainer):
             for group in self.optimizer.param_groups:
                 group["lr"] = fraction * group["initial_lr"]
         active = {name: hp.agent_params(name).update_schedule.is_active(iteration) for name in self.agent_names}
+        timer = PhaseTimer()
         with torch.no_grad():
-            batch, self._carried_td = collect_batch(self.train_env, self.policy_operator, self._carried_td,
-                                                    self.steps_per_env)
-            self._add_values_and_advantages(batch)
+            with timer.phase("collect"):
+                batch, self._carried_td = collect_batch(self.train_env, self.policy_operator, self._carried_td,
+                                                        self.steps_per_env)
+            with timer.phase("gae"):
+                self._add_values_and_advantages(batch)
         stats = episode_stats(batch, self.agent_names, self.verifier_index)
-        loss_stats = self._train_on_batch(batch.reshape(-1), active)
-        stats.update(loss_stats)
+        with timer.phase("update"):
+            stats.update(self._train_on_batch(batch.reshape(-1), active))
+        stats.update(timer.stats)
         return stats
 
     def _add_values_and_advantages(self, batch) -> None:
@@ -452,7 +324,9 @@ class TensorDictRlTrainer(TensorDictTrainer):
                          for g in groups for p in g["params"]]
         all_params = [p for g in (self.optimizer.param_groups if self.optimizer else []) for p in g["params"]]
         totals: dict[str, float] = {}
-        for _ in range(num_steps):
+        accumulate = hp.rl.gradient_accumulation_steps
+        pending = 0  # minibatches whose gradients wait for the next optimiser step
+        for step in range(num_steps):
             if self._preemption is not None and self._preemption.requested:
                 raise _StopRequested  # the previous minibatch step is complete; drop the iteration
             minibatch = buffer.sample()
@@ -463,12 +337,23 @@ class TensorDictRlTrainer(TensorDictTrainer):
             if self.optimizer is None or all(not a for a in active.values()):
                 continue
             self.loss_module.backward(losses)
-            for p in frozen_params:
-                p.grad = None  # Adam skips parameters without gradient: the agent is frozen
-            torch.nn.utils.clip_grad_norm_(all_params, hp.rl.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            pending += 1
+            if pending == accumulate or step == num_steps - 1:
+                self._optimizer_step(all_params, frozen_params, pending)
+                pending = 0
         return {k: v / max(num_steps, 1) for k, v in totals.items()}
+
+    def _optimizer_step(self, all_params: list, frozen_params: list, accumulated: int) -> None:
+        """One step on the mean gradient of the ``accumulated`` minibatches since the last."""
+        for p in frozen_params:
+            p.grad = None  # the optimiser skips parameters without gradient: the agent is frozen
+        if accumulated > 1:
+            for p in all_params:
+                if p.grad is not None:
+                    p.grad.div_(accumulated)
+        torch.nn.utils.clip_grad_norm_(all_params, self.hyper_params.rl.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     # -- testing -------------------------------------------------------------------------------
 
@@ -477,7 +362,8 @@ class TensorDictRlTrainer(TensorDictTrainer):
         """Collect ``rl.num_test_iterations`` batches without training; log ``test_`` stats."""
         self.agents.eval()
         batches = []
-        with torch.no_grad(), sdpa_kernel(self.attention_backends):
+        greedy = ExplorationType.DETERMINISTIC if self.hyper_params.rl.test_greedy else ExplorationType.RANDOM
+        with torch.no_grad(), sdpa_kernel(self.attention_backends), set_exploration_type(greedy):
             td = self.test_env.reset()
             for _ in range(self.hyper_params.rl.num_test_iterations):
                 batch, td = collect_batch(self.test_env, self.policy_operator, td, self.steps_per_env)

@@ -32,7 +32,7 @@ def test_merge_keeps_only_the_preserved_fields_and_the_base_run_group():
                               text_rl={"test_scheme": "all", "test_on_whole_dataset": False},
                               base_run={"base_run_type": "rerun_tests", "run_id": "base"})
     assert set(preserved_fields(current, "rerun_tests")) == {
-        "rl.num_test_iterations", "text_rl.test_scheme", "text_rl.test_on_whole_dataset"}
+        "rl.num_test_iterations", "rl.test_greedy", "text_rl.test_scheme", "text_rl.test_on_whole_dataset"}
     merged = merge_with_base_run(current, base)
     assert merged.seed == 11 and merged.rl.num_iterations == 2 and merged.rl.rollouts_per_iteration == 24
     assert merged.rl.num_test_iterations == 3

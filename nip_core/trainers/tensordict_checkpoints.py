@@ -1,0 +1,161 @@
+"""Checkpoints of the TensorDict RL trainers: what they hold, writing, finding and loading.
+
+A checkpoint holds the model, the optimiser, the loss module's state (e.g. adaptive KL
+coefficients), the observation normaliser, every RNG (torch, numpy, python, the
+environments' generators and data positions) and the carried-over episode state of the
+training environment, so that a run resumed from it produces the same batches and the
+same parameters as an uninterrupted one. Loading maps tensors onto the trainer's device
+(``map_location``), whichever device wrote them.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+import torch
+
+
+CHECKPOINT_PATTERN = re.compile(r"^iter_(\d{6,})$")
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"iter_{iteration:06d}"
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor inside (dicts, lists, tuples) moved to the CPU.
+
+    RNG states must be CPU byte tensors (``torch.set_rng_state``,
+    ``torch.Generator.set_state``), but a checkpoint loaded with a CUDA ``map_location``
+    puts every stored tensor on the GPU.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+class TensorDictCheckpointMixin:
+    """Checkpointing of :class:`~nip_core.trainers.tensordict_rl.TensorDictRlTrainer`."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Everything needed to continue training exactly from the current iteration."""
+        return {
+            "iteration": self._memory_iteration,
+            "agents": self.agents.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "loss_module": self.loss_module.state_dict(),
+            "train_transform": self._transform_state(self.train_env),
+            "test_transform": self._transform_state(self.test_env),
+            "rng": self.get_rng_states(),
+            "train_env_rng": self._base_env(self.train_env).get_rng_state(),
+            "test_env_rng": self._base_env(self.test_env).get_rng_state(),
+            "carried_td": self._carried_td.clone(),
+        }
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        self.agents.load_state_dict(state["agents"])
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.loss_module.load_state_dict(state["loss_module"])
+        self._load_transform_state(self.train_env, state["train_transform"])
+        self._load_transform_state(self.test_env, state["test_transform"])
+        self.set_rng_states(state["rng"])
+        # The environments' generators and data positions are CPU objects whatever
+        # ``map_location`` put their saved tensors on.
+        self._base_env(self.train_env).set_rng_state(_to_cpu(state["train_env_rng"]))
+        self._base_env(self.test_env).set_rng_state(_to_cpu(state["test_env_rng"]))
+        self._carried_td = state["carried_td"]
+        self._memory_iteration = int(state["iteration"])
+
+    @staticmethod
+    def _base_env(env):
+        return getattr(env, "base_env", env)
+
+    @staticmethod
+    def _transform_state(env):
+        transform = getattr(env, "transform", None)
+        return transform.state_dict() if transform is not None else None
+
+    @staticmethod
+    def _load_transform_state(env, state) -> None:
+        transform = getattr(env, "transform", None)
+        if transform is not None and state is not None:
+            transform.load_state_dict(state)
+
+    def _checkpoint_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(self.checkpoint_state(), buffer)
+        return buffer.getvalue()
+
+    def save_checkpoint(self) -> None:
+        """Write ``iter_{n:06d}`` to the run store and the trainer state (no-op without a run)."""
+        self._write_checkpoint(self._memory_iteration, None)
+
+    def _write_checkpoint(self, iteration: int, data: bytes | None) -> None:
+        """Store the checkpoint of ``iteration`` (``data``: its bytes, default the current state)."""
+        if self.run is None or self.settings.test_run:
+            return
+        name = checkpoint_name(iteration)
+        self.run.save_checkpoint_bytes(name, data if data is not None else self._checkpoint_bytes(),
+                                       iteration=iteration)
+        self._stored_iteration = iteration
+        self.state.iteration = iteration
+        self.save_state()
+        self.log_run_artifact("checkpoint", "checkpoint", [f"checkpoints/{name}.pt", f"checkpoints/{name}.json"])
+
+    def latest_checkpoint_iteration(self, upto: int | None = None) -> int | None:
+        """The newest checkpointed iteration (at most ``upto`` when given)."""
+        if self.run is None:
+            return None
+        iterations = [int(m.group(1)) for n in self.run.list_checkpoints() if (m := CHECKPOINT_PATTERN.match(n))]
+        if upto is not None:
+            iterations = [i for i in iterations if i <= upto]
+        return max(iterations) if iterations else None
+
+    def restore_checkpoint(self, iteration: int) -> None:
+        """Load the checkpoint of exactly ``iteration``; raises if it is missing or corrupt.
+
+        Tensors are mapped onto this trainer's device, whichever device wrote them.
+        """
+        data, _ = self.run.load_checkpoint_bytes(checkpoint_name(iteration))
+        state = torch.load(io.BytesIO(data), weights_only=False, map_location=self.settings.device)
+        self.load_checkpoint_state(state)
+        self._stored_iteration = iteration
+
+    def restore_latest_checkpoint(self, upto: int | None = None) -> bool:
+        """Load the newest checkpoint (at most ``upto``) if it is ahead of memory."""
+        latest = self.latest_checkpoint_iteration(upto)
+        if latest is None or latest <= self._memory_iteration:
+            return False
+        self.restore_checkpoint(latest)
+        return True
+
+    def maybe_warm_start(self) -> bool:
+        """Load the warm-start agents of a run that has no state yet (see :mod:`.warm_start`).
+
+        Only the agents' weights are loaded: the run still starts at iteration 0 with a
+        fresh optimiser, its own loss-module state, normaliser statistics and RNG streams
+        (the reasons are in :mod:`nip_core.trainers.warm_start`). Called by
+        :meth:`run_iterations` before the first iteration; at most once per trainer object.
+
+        Raises
+        ------
+        CorruptCheckpointError
+            If the warm-start checkpoint fails its sha256 manifest (names the file).
+        WarmStartError
+            If its weights do not fit this run's agents (names the tensors).
+        """
+        if (self.run is None or self.settings.test_run or self._memory_iteration != 0
+                or getattr(self, "_warm_start_checked", False) or self.run.has_state()):
+            return False
+        from nip_core.trainers.warm_start import load_warm_start_agents
+
+        record = load_warm_start_agents(self.run, self.agents)  # logs and records metadata.warm_started
+        self._warm_start_checked = True
+        return record is not None
