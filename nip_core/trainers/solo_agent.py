@@ -7,9 +7,18 @@ test parts by ``test_size`` with a generator seeded by ``seed``.
 Fix of QUIRK 9: the original never put body parameters into the optimiser (only the solo
 head trained); here the optimiser holds the body groups (at the body/GNN lr factors, or
 the plain lr with ``solo_agent.body_lr_factor_override``) and the head.
+
+Checkpoints (``checkpoints/iter_{epoch:06d}``, every ``settings.checkpoint_every`` epochs
+and at the end) hold the agents, the optimisers, the epoch-order generator and the global
+RNGs: a resumed run continues bit-identically, a warm start loads another run's final
+agents (fresh optimisers), and running a finished run again reports the test metrics of
+its stored model instead of freshly initialised weights.
 """
 
 from __future__ import annotations
+
+import io
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +27,7 @@ from tensordict import TensorDict
 from nip_core.environments.tensordict_env import gather_datapoints
 from nip_core.trainers.progress import attach_progress_bar
 from nip_core.trainers.registry import register_trainer
+from nip_core.trainers.tensordict_checkpoints import CHECKPOINT_PATTERN, _to_cpu, checkpoint_name
 from nip_core.trainers.tensordict_rl import TensorDictTrainer
 
 
@@ -64,10 +74,57 @@ class SoloAgentTrainer(TensorDictTrainer):
         accuracy = (logits.argmax(-1) == target).float().mean(0)
         return loss, accuracy
 
-    def train(self) -> None:
-        self._train_epochs()
-        self.state.iteration = self.hyper_params.solo_agent.num_epochs
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def checkpoint_state(self, epoch: int) -> dict[str, Any]:
+        return {"iteration": epoch, "agents": self.agents.state_dict(),
+                "optimizers": {n: o.state_dict() for n, o in self.optimizers.items()},
+                "generator": self.generator.get_state(), "rng": self.get_rng_states()}
+
+    def save_checkpoint(self, epoch: int) -> None:
+        """Store the checkpoint of ``epoch`` finished epochs and move the state there."""
+        self.state.iteration = epoch
+        if self.run is None or self.settings.test_run:
+            return
+        buffer = io.BytesIO()
+        torch.save(self.checkpoint_state(epoch), buffer)
+        self.run.save_checkpoint_bytes(checkpoint_name(epoch), buffer.getvalue(), iteration=epoch)
         self.save_state()
+
+    def restore_latest_checkpoint(self) -> int:
+        """Load the newest checkpoint (if any); return its epoch (0 without one)."""
+        if self.run is None or self.settings.test_run:
+            return 0
+        epochs = [int(m.group(1)) for n in self.run.list_checkpoints() if (m := CHECKPOINT_PATTERN.match(n))]
+        epochs = [e for e in epochs if e <= self.hyper_params.solo_agent.num_epochs]
+        if not epochs:
+            return 0
+        data, _ = self.run.load_checkpoint_bytes(checkpoint_name(max(epochs)))
+        state = torch.load(io.BytesIO(data), weights_only=False, map_location=self.settings.device)
+        self.agents.load_state_dict(state["agents"])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        self.generator.set_state(_to_cpu(state["generator"]))
+        self.set_rng_states(state["rng"])
+        self.state.iteration = int(state["iteration"])
+        return self.state.iteration
+
+    def _maybe_warm_start(self) -> None:
+        if self.run is None or self.settings.test_run or self.run.has_state():
+            return
+        from nip_core.trainers.warm_start import load_warm_start_agents
+
+        load_warm_start_agents(self.run, self.agents)
+
+    # -- training --------------------------------------------------------------------------
+
+    def train(self) -> None:
+        """Train the remaining epochs (resuming from the newest checkpoint), then test."""
+        if self.restore_latest_checkpoint() == 0:
+            self.state.iteration = 0  # no stored weights: whatever the state says, start over
+            self._maybe_warm_start()
+        self._train_epochs()
+        self.save_checkpoint(self.hyper_params.solo_agent.num_epochs)
         self.test()
 
     @attach_progress_bar(lambda self: self.hyper_params.solo_agent.num_epochs, "solo")
@@ -92,6 +149,9 @@ class SoloAgentTrainer(TensorDictTrainer):
                 stats[f"{name}.train_loss"] = float(mean_loss[i])
                 stats[f"{name}.train_accuracy"] = float(mean_acc[i])
             self.log_stats(stats, epoch)
+            every = self.settings.checkpoint_every
+            if every and (epoch + 1) % every == 0 and epoch + 1 < self.hyper_params.solo_agent.num_epochs:
+                self.save_checkpoint(epoch + 1)
             if iteration_context is not None:
                 iteration_context.step()
 
