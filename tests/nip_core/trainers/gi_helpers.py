@@ -29,3 +29,18 @@ def tiny_scenario(hp, settings, trainer_type="rl", n=24):
     return build_graph_isomorphism(hp, settings, trainer_type=trainer_type,
                                    train_dataset=RandomGraphDataset(n=n, max_nodes=6, min_nodes=4, seed=0),
                                    test_dataset=RandomGraphDataset(n=n, max_nodes=6, min_nodes=4, seed=1))
+
+
+def make_trainer(hp, tmp_path, run_id="r", **settings_kw):
+    """A vanilla_ppo trainer on the tiny scenario with its run in ``tmp_path``."""
+    from nip_core.runs import RunStore
+    from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
+
+    settings = settings_for(tmp_path, run_id=run_id, **settings_kw)
+    run = RunStore(str(tmp_path)).open_run(run_id, hp)
+    return VanillaPpoTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings))
+
+
+def params_of(trainer):
+    """A detached copy of the trainer's agent weights."""
+    return {k: v.detach().clone() for k, v in trainer.agents.state_dict().items()}

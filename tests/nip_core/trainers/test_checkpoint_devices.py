@@ -13,22 +13,10 @@ import logging
 import pytest
 import torch
 
-from nip_core.runs import RunStore
 from nip_core.trainers import tensordict_rl
-from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
-from tests.nip_core.trainers.gi_helpers import settings_for, tiny_params, tiny_scenario
+from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, tiny_params
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a CPU-only host")
-
-
-def make_trainer(hp, tmp_path, run_id="r", **settings_kw):
-    settings = settings_for(tmp_path, run_id=run_id, **settings_kw)
-    run = RunStore(str(tmp_path)).open_run(run_id, hp)
-    return VanillaPpoTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings))
-
-
-def params_of(trainer):
-    return {k: v.detach().clone() for k, v in trainer.agents.state_dict().items()}
 
 
 @pytest.fixture

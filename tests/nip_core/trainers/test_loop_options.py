@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tests.nip_core.trainers.test_vanilla_ppo import make_trainer, params_of, tiny_params
+from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, tiny_params
 
 
 @pytest.mark.parametrize("name,cls,args", [

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from nip_core.trainers.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
-from tests.nip_core.trainers.gi_helpers import TINY
-from tests.nip_core.trainers.test_vanilla_ppo import make_trainer, params_of, tiny_params
+from tests.nip_core.trainers.gi_helpers import TINY, make_trainer, params_of, tiny_params
 
 REPO = Path(__file__).resolve().parents[3]
 
