@@ -82,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     prefect_sub = prefect.add_subparsers(dest="prefect_command", required=True)
     setup = prefect_sub.add_parser("setup")
     setup.add_argument("--gpus", type=int, default=1, help="size of the 'gpu' tag concurrency limit")
+    server = prefect_sub.add_parser("server", help="prefect server start on PostgreSQL (docs/deployment.md)")
+    server.add_argument("--data-dir", default="prefect-server", metavar="D",
+                        help="holds the PostgreSQL cluster (D/postgres) and PREFECT_HOME (D/prefect-home)")
+    server.add_argument("--host", default="127.0.0.1", help="address the API listens on (0.0.0.0: all)")
+    server.add_argument("--port", type=int, default=4200, metavar="P", help="API and UI port (default 4200)")
+    server.add_argument("--pg-port", type=int, metavar="Q", help="PostgreSQL port (default: a free one)")
+    server.add_argument("--database-url", metavar="URL",
+                        help="an existing PostgreSQL database (postgresql+asyncpg://...) instead of a cluster")
     return parser
 
 
@@ -130,25 +138,21 @@ def _execute(params, settings, direct: bool) -> int:
         trainer = build_trainer(params, settings)
         print(f"run {settings.run_id}: {trainer.run.location if trainer.run else '(not stored)'}",
               file=sys.stderr)
-        with trainer.run.lock if trainer.run else _null():
-            try:
-                trainer.train()
-            finally:
-                trainer.close()
+        try:
+            if trainer.run is not None:  # one driver per run: wait for (or take over) the lease
+                trainer.run.lock.acquire()
+                trainer.reload_state()
+            trainer.train()
+        finally:
+            if trainer.run is not None:
+                trainer.run.lock.release()
+            trainer.close()
     else:
         from flows.entry import run_through_prefect
 
         run_through_prefect(params, settings)
     print(settings.run_id)
     return 0
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 def cmd_status(args) -> int:
@@ -192,6 +196,14 @@ def cmd_api_server(args) -> int:
 
 
 def cmd_prefect(args) -> int:
+    if args.prefect_command == "server":
+        from flows.prefect_pg_server import PrefectServerError, serve
+
+        try:
+            return serve(args.data_dir, host=args.host, port=args.port, pg_port=args.pg_port,
+                         database_url=args.database_url)
+        except PrefectServerError as e:
+            raise UsageError(str(e)) from e
     from flows.setup import setup_prefect
 
     setup_prefect(gpus=args.gpus)
@@ -217,8 +229,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:  # one INFO line per HTTP request drowns the progress bars
         for noisy in ("httpx", "httpx2", "httpcore", "openai"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    from nip_core.trainers.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+
     try:
         return COMMANDS[args.command](args)
+    except TrainingPreempted as e:  # checkpointed: `nipflow resume` continues exactly
+        print(f"nipflow: {e}", file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
     except (ParameterError, NipflowError, UsageError) as e:
         print(f"nipflow: error: {e}", file=sys.stderr)
         return 2

@@ -22,12 +22,24 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory):
-    """moto's S3 server for the session; its AWS_* variables are set in this process too."""
-    from s3_support import environ, start_moto_s3
+    """moto's S3 server with a bucket, for the session; its AWS_* variables are set here too."""
+    from types import SimpleNamespace
 
-    server = start_moto_s3(tmp_path_factory.mktemp("moto"))
+    from moto_s3_process import start_s3_server
+
+    server = start_s3_server(tmp_path_factory.mktemp("moto"))
     try:
-        with environ(server.env):
-            yield server
+        server.create_bucket("nipflow-test")
+        env = server.env()
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            yield SimpleNamespace(server=server, bucket="nipflow-test", env=env)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     finally:
         server.stop()

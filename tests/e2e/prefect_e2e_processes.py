@@ -1,48 +1,57 @@
-"""Real Prefect processes for the end-to-end tests: a server, workers, ``prefect deploy``.
+"""Real Prefect processes for the end-to-end tests: PostgreSQL, a server, workers, ``prefect deploy``.
 
-Nothing here is simulated: ``prefect server start`` runs on a free loopback port with its
-own ``PREFECT_HOME`` (SQLite in a temporary directory), workers are ``prefect worker
-start`` processes, and the deployments come from ``deployments/prefect.yaml`` through
-``nipflow prefect setup`` and ``prefect --no-prompt deploy --all``.
+Nothing here is simulated. The server is ``prefect server start`` on a free loopback port
+with its own ``PREFECT_HOME`` and its database in a throwaway PostgreSQL cluster
+(``flows/pg_cluster.py``, started through ``flows/prefect_pg_server.py``, the code behind
+``nipflow prefect server``): on SQLite, a few workers polling at once get ``500 database
+is locked`` answers. Workers are ``prefect worker start`` processes; the deployments
+come from ``deployments/prefect.yaml`` through ``nipflow prefect setup`` and ``prefect
+--no-prompt deploy --all``.
 
-Every process is started in its own session, so that it and its children can be
-signalled as a process group. Flow runs are started by a process worker in *their own*
-session (prefect_notes.md §6), so killing a worker "with its flow runs" also walks the
-worker's descendants in ``/proc``.
+Every wait is bounded and fails with the tails of the logs involved. Every process is
+started in its own session, so that it and its children can be signalled as a process
+group. Flow runs are started by a process worker in *their own* session
+(prefect_notes.md §6), so stopping or killing a worker "with its flow runs" also walks
+the worker's descendants in ``/proc``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+from flows.pg_cluster import PostgresCluster, free_port  # noqa: F401 - free_port is re-exported
+from flows.prefect_pg_server import PrefectServer as ServerProcess
+from flows.prefect_pg_server import start_prefect_server as start_server_process
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PREFECT = str(BIN / "prefect")
 NIPFLOW = str(BIN / "nipflow")
 PREFECT_FILE = REPO / "deployments" / "prefect.yaml"
+WORKER_ONLINE_TIMEOUT_S = 60
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _clean_environ() -> dict[str, str]:
-    """This process's environment without any Prefect or OpenAI setting of the caller."""
+def clean_environ() -> dict[str, str]:
+    """This process's environment without any Prefect, OpenAI, nipflow or AWS setting of the caller."""
     return {k: v for k, v in os.environ.items()
-            if not k.startswith(("PREFECT_", "OPENAI_", "NIPFLOW_"))}
+            if not k.startswith(("PREFECT_", "OPENAI_", "NIPFLOW_", "AWS_", "FSSPEC_"))}
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The kernel's start time of ``pid`` (tells a process from a later one with its pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def _descendants(pid: int) -> list[int]:
@@ -80,18 +89,55 @@ def _tail(path: Path, n: int = 60) -> str:
         return ""
 
 
+def wait_for(predicate: Callable, what: str, timeout: float, logs: list[Path], interval: float = 1.0):
+    """Poll ``predicate`` until truthy (returned); on timeout fail with the tails of ``logs``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    tails = "\n".join(f"--- {p}:\n{_tail(p, 80)}" for p in logs if p.exists())
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")
+
+
+def start_postgres(prefix: str = "nipflow-e2e-pg-") -> PostgresCluster:
+    """A throwaway, non-durable cluster in a new directory under the system temp dir.
+
+    Not under pytest's ``tmp_path``: as root, PostgreSQL runs as another OS user, who
+    cannot enter ``/tmp/pytest-of-root`` (mode 0700). :meth:`PostgresCluster.remove`
+    deletes it.
+    """
+    cluster = PostgresCluster(tempfile.mkdtemp(prefix=prefix), durable=False)
+    try:
+        return cluster.start()
+    except BaseException:
+        cluster.remove()
+        raise
+
+
 @dataclass
 class PrefectServer:
-    """A running ``prefect server start`` and the environment of its clients."""
+    """A running ``prefect server start`` on PostgreSQL and the environment of its clients."""
 
-    api_url: str
-    home: Path
-    log: Path
-    proc: subprocess.Popen
+    process: ServerProcess
+    database_url: str
+
+    @property
+    def api_url(self) -> str:
+        return self.process.api_url
+
+    @property
+    def home(self) -> Path:
+        return self.process.home
+
+    @property
+    def log(self) -> Path:
+        return self.process.log
 
     def client_env(self, home: Optional[Path] = None, **extra: str) -> dict[str, str]:
         """Environment of a CLI, worker or test process talking to this server."""
-        env = _clean_environ()
+        env = clean_environ()
         env.pop("PYTHONPATH", None)  # the code comes from NIPFLOW_PROJECT_DIR, as deployed
         env.update({
             "PREFECT_API_URL": self.api_url,
@@ -114,47 +160,17 @@ class PrefectServer:
         return proc
 
     def stop(self) -> None:
-        """SIGTERM the server's process group (it exits in about 3 s), then SIGKILL."""
-        if self.proc.poll() is None:
-            _signal_group(self.proc, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                _signal_group(self.proc, signal.SIGKILL)
-                self.proc.wait(10)
+        """SIGTERM the server's process group (it exits in about 3 s), SIGKILL after 30 s."""
+        self.process.stop(timeout=30)
 
 
-def start_prefect_server(base: Path, startup_timeout: float = 120) -> PrefectServer:
+def start_prefect_server(base: Path, database_url: str, startup_timeout: float = 180) -> PrefectServer:
+    """``prefect server start`` on ``database_url``, healthy (``/api/health``) when returned."""
     base.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    home = base / "server-home"
-    env = _clean_environ()
-    env.update({
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_UI_API_URL": api_url,  # else the UI calls port 4200 (prefect_notes.md §8)
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-    })
-    log = base / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                cwd=base, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    server = PrefectServer(api_url=api_url, home=home, log=log, proc=proc)
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited {proc.returncode}:\n{_tail(log)}")
-        try:
-            with urllib.request.urlopen(api_url + "/health", timeout=2) as response:
-                if json.loads(response.read()) is True:
-                    return server
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-    server.stop()
-    raise RuntimeError(f"prefect server not healthy after {startup_timeout} s:\n{_tail(log)}")
+    env = clean_environ() | {"PREFECT_LOGGING_LEVEL": "WARNING"}
+    process = start_server_process(database_url, base / "server-home", log=base / "server.log", env=env,
+                                   startup_timeout=startup_timeout)
+    return PrefectServer(process=process, database_url=database_url)
 
 
 @dataclass
@@ -165,6 +181,7 @@ class Worker:
     proc: subprocess.Popen
     log: Path
     workdir: Path
+    pool: str = "nipflow-cpu"
     killed_pids: list[int] = field(default_factory=list)
 
     def alive(self) -> bool:
@@ -190,32 +207,71 @@ class Worker:
         return others
 
     def stop(self, timeout: float = 20) -> None:
-        """Stop as a supervisor should: SIGTERM, then SIGINT (one signal is not enough,
-        prefect_notes.md §6), then SIGKILL if it is still there."""
+        """Stop as a supervisor should: SIGINT twice (one signal is not enough,
+        prefect_notes.md §6), SIGKILL if it is still there after ``timeout``; then SIGKILL
+        the flow-run processes it leaves behind (they run in their own sessions)."""
         if not self.alive():
             return
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        started = {pid: _start_time(pid) for pid in _descendants(self.proc.pid)}
+        for sig, wait in ((signal.SIGINT, 1.0), (signal.SIGINT, timeout)):
             _signal_group(self.proc, sig)
             try:
-                self.proc.wait(timeout / 2)
-                return
+                self.proc.wait(wait)
+                break
             except subprocess.TimeoutExpired:
                 pass
-            time.sleep(0.5)
-        self.kill()
+        else:
+            _signal_group(self.proc, signal.SIGKILL)
+            self.proc.wait(10)
+        for pid, start_time in started.items():
+            if start_time is not None and _start_time(pid) == start_time:  # not a new process with that pid
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def online(self, api_url: str) -> bool:
+        """Whether the server lists this worker as ``ONLINE`` in its pool (it heartbeats and polls)."""
+        from prefect.client.orchestration import SyncPrefectClient
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            with SyncPrefectClient(api_url) as client:
+                workers = client.read_workers_for_work_pool(self.pool)
+        except ObjectNotFound:  # the worker has not created its pool yet
+            return False
+        return any(w.name == self.name and str(getattr(w.status, "value", w.status)) == "ONLINE" for w in workers)
 
 
 def start_worker(server: PrefectServer, workdir: Path, *, pool: str = "nipflow-cpu", name: str,
-                 env: Optional[dict[str, str]] = None) -> Worker:
-    """``prefect worker start --pool <pool>`` with cwd ``workdir`` and ``env`` added."""
+                 env: Optional[dict[str, str]] = None, limit: Optional[int] = None,
+                 wait_online: bool = True) -> Worker:
+    """``prefect worker start --pool <pool>`` with cwd ``workdir`` and ``env`` added.
+
+    ``limit`` caps the flow runs it runs at once (``--limit``). Returns once the server
+    lists the worker as online (so a flow run created next is seen by its next poll);
+    a worker that exits or is not online within 60 s fails with its log.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     worker_env = server.client_env(home=workdir / "prefect-home", **(env or {}))
     log = workdir / f"{name}.log"
+    cmd = [PREFECT, "worker", "start", "--pool", pool, "--name", name, "--type", "process"]
+    if limit is not None:
+        cmd += ["--limit", str(limit)]
     with open(log, "wb") as out:
-        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool, "--name", name, "--type", "process"],
-                                cwd=workdir, env=worker_env, stdin=subprocess.DEVNULL, stdout=out,
+        proc = subprocess.Popen(cmd, cwd=workdir, env=worker_env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    return Worker(name=name, proc=proc, log=log, workdir=workdir)
+    worker = Worker(name=name, proc=proc, log=log, workdir=workdir, pool=pool)
+    if wait_online:
+        try:
+            wait_for(lambda: not worker.alive() or worker.online(server.api_url), f"worker {name} to be online",
+                     WORKER_ONLINE_TIMEOUT_S, [log], interval=0.5)
+        except BaseException:
+            worker.stop()
+            raise
+        if not worker.alive():
+            raise AssertionError(f"worker {name} exited {proc.returncode}:\n{_tail(log)}")
+    return worker
 
 
 def setup_and_deploy(server: PrefectServer, prefect_file: Path = PREFECT_FILE, *,
@@ -229,16 +285,3 @@ def setup_and_deploy(server: PrefectServer, prefect_file: Path = PREFECT_FILE, *
     out += server.cli(PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_file),
                       env=env, timeout=300).stdout
     return out
-
-
-def wait_for(predicate, what: str, timeout: float, logs: list[Path], interval: float = 1.0):
-    """Poll ``predicate`` until truthy (returned); on timeout fail with the tails of ``logs``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    tails = "\n".join(f"--- {p}:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-80:])
-                      for p in logs if p.exists())
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tails}")

@@ -1,6 +1,6 @@
 """Several real workers against one real server: the ``gpu`` limit and a spread sweep.
 
-Real processes only: ``prefect server start``, ``nipflow prefect setup --gpus 1`` and
+Real processes only: ``prefect server start`` on PostgreSQL, ``nipflow prefect setup --gpus 1`` and
 ``prefect deploy --all`` from ``deployments/prefect.yaml`` (module-wide, see
 ``tests/e2e/conftest.py``), and ``prefect worker start`` processes of the process type.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_e2e_processes import PREFECT, REPO, Worker, setup_and_deploy, wait_for
+from prefect_e2e_processes import REPO, setup_and_deploy, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -47,25 +47,6 @@ def worker_env(runs_dir: Path, name: str, **extra: str) -> dict[str, str]:
     return {"NIPFLOW_PROJECT_DIR": str(REPO), "NIPFLOW_RUNS_DIR": str(runs_dir),
             "PREFECT_WORKER_QUERY_SECONDS": "2", "PYTHONPATH": FAKES_PATH,
             "NIPFLOW_E2E_FAKES": "1", "E2E_WORKER_NAME": name, **extra}
-
-
-def start_worker_with_limit(workers, server, workdir: Path, *, pool: str, name: str, limit: int,
-                            env: dict[str, str]) -> Worker:
-    """``conftest.start_worker`` with ``--limit`` (at most ``limit`` flow runs at once).
-
-    The worker joins the ``workers`` fixture's list, which stops it after the test.
-    """
-    workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / f"{name}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool, "--name", name, "--type", "process",
-                                 "--limit", str(limit)],
-                                cwd=workdir, env=server.client_env(home=workdir / "prefect-home", **env),
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    worker = Worker(name=name, proc=proc, log=log, workdir=workdir)
-    workers.append(worker)
-    return worker
 
 
 def stop_workers_together(workers) -> None:
@@ -218,8 +199,8 @@ def test_sweep_points_spread_over_two_workers_in_separate_directories(prefect_se
     runs_dir = tmp_path / "shared-runs"  # one run store for both workers
     names = ["cpu-w1", "cpu-w2"]
     # --limit 2 each: the sweep takes one slot, so one worker alone can never hold all 4 points
-    started_workers = [start_worker_with_limit(workers, prefect_server, tmp_path / f"wd-{name}", pool="nipflow-cpu",
-                                               name=name, limit=2, env=worker_env(runs_dir, name))
+    started_workers = [workers.start(tmp_path / f"wd-{name}", pool="nipflow-cpu", name=name, limit=2,
+                                     env=worker_env(runs_dir, name))
                        for name in names]
     logs = [w.log for w in started_workers]
 
