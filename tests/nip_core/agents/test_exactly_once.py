@@ -168,3 +168,29 @@ def test_paused_and_unknown_statuses_are_waited_on(status):
     g.state.fine_tune_job_id = "ftjob-x"
     assert g.get_fine_tune_job_status() == status
     assert status not in TERMINAL_STATUSES
+
+
+class FilterIgnoringClient:
+    """The real client, but ``jobs.list`` drops the metadata filter (a server that ignores it)."""
+
+    def __init__(self, client):
+        self._client = client
+        jobs = client.fine_tuning.jobs
+        self.fine_tuning = SimpleNamespace(jobs=SimpleNamespace(
+            list=lambda metadata=None, **kw: jobs.list(**kw), create=jobs.create, retrieve=jobs.retrieve))
+
+
+def test_job_lookup_pages_through_every_job_and_checks_metadata_itself(client, tmp_path):
+    from nip_core.llm.remote_objects import find_jobs
+
+    run = new_run(tmp_path)
+    ids = {}
+    for iteration in range(5):
+        g = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client)
+        ids[iteration] = g.create_supervised_fine_tune_job(examples(tag=str(iteration)), run=run,
+                                                           run_id=run.run_id, iteration=iteration)
+    wanted = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client).job_metadata(
+        run, run.run_id, 0, 1)  # the oldest job: on the last page, newest first
+    assert [j.id for j in find_jobs(client, wanted, page_size=2)] == [ids[0]]
+    loose = FilterIgnoringClient(client)
+    assert [j.id for j in find_jobs(loose, wanted, page_size=2)] == [ids[0]]
