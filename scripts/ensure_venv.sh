@@ -19,5 +19,5 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch is pinned to 2.13.0, which on the project machines is a local CPU build; the
 # constraints file pins every other package to the versions the tests ran with.
 .venv/bin/python -m pip install -q --upgrade "pip>=24"
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,local-llm]"
 echo "$want" > "$stamp"

@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from nip_core.utils.fileio import pid_alive
 from nip_core.llm.client import make_openai_client
 from nip_core.llm.errors import LocalServerError
 from nip_core.llm.server.cli import EXIT_LOCKED, read_server_file
-from nip_core.llm.server.config import API_KEY_ENV
+from nip_core.llm.server.config import API_KEY_ENV, ENGINE_OPTIONS
 from nip_core.llm.server.faults import FaultConfig
 
 LOG_FILE = "server.log"
@@ -68,6 +69,11 @@ class LocalApiServer:
         Fault injection config (:class:`~nip_core.llm.server.faults.FaultConfig`).
     detached
         Start the server in its own session so that it outlives this process.
+    engine
+        ``selection`` (default), ``transformers`` or ``vllm`` (``--engine``).
+    engine_options
+        Engine options by their :class:`~nip_core.llm.server.config.ServerConfig` field
+        name (``base_models``, ``device``, ``full_fine_tune``, ...), passed as their flags.
     """
 
     def __init__(
@@ -84,6 +90,8 @@ class LocalApiServer:
         startup_timeout: float = 60.0,
         log_level: str = "warning",
         detached: bool = False,
+        engine: str = "selection",
+        engine_options: Mapping[str, Any] | None = None,
     ):
         self.data_dir = Path(data_dir).absolute()
         self.host = host
@@ -96,6 +104,11 @@ class LocalApiServer:
         self.startup_timeout = startup_timeout
         self.log_level = log_level
         self.detached = detached
+        self.engine = engine
+        self.engine_options = dict(engine_options or {})
+        unknown = sorted(set(self.engine_options) - set(ENGINE_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(ENGINE_OPTIONS)}")
         self._proc: subprocess.Popen | None = None
         self._base_url: str | None = None
 
@@ -139,6 +152,16 @@ class LocalApiServer:
         ]
         if self.faults is not None:
             cmd += ["--faults", self.faults.model_dump_json()]
+        cmd += ["--engine", self.engine]
+        for name, value in self.engine_options.items():
+            flag = ENGINE_OPTIONS[name][0]
+            if isinstance(value, bool):
+                cmd += [flag] if value else []
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    cmd += [flag, str(item)]
+            else:
+                cmd += [flag, str(value)]
         return cmd
 
     def start(self) -> "LocalApiServer":

@@ -140,6 +140,8 @@ class PureTextRlTrainer(Trainer):
             from nip_core.trainers.warm_start import warm_start_pure_text
 
             warm_start_pure_text(self)
+            self._push_group_states()
+            self.check_models_fine_tunable()
         self._push_group_states()
         maybe_kill(iteration, stage, "start")
         summary: dict[str, Any] = {"iteration": iteration, "stage": stage}
@@ -153,6 +155,22 @@ class PureTextRlTrainer(Trainer):
         maybe_kill(iteration, stage, "end")
         self.hooks.on_stage_end(stage, iteration)
         return summary
+
+    def check_models_fine_tunable(self) -> None:
+        """Fail before the first rollout if a group's model cannot be fine-tuned by this method.
+
+        Asks the API's model list (see :mod:`nip_core.llm.capabilities`): a model the server
+        does not know, or DPO on a base model that only offers supervised jobs, would
+        otherwise fail only after a whole iteration of (paid) sampling.
+        """
+        if self.rerun_tests or self.num_iterations < 2:
+            return  # no fine-tune job will be created
+        from nip_core.llm.capabilities import check_fine_tunable
+
+        for group in self.groups.values():
+            if not group.frozen:
+                base = group.params.model_name if group.params.fine_tune_from_scratch else group.model_name
+                check_fine_tunable(group._client(), base, self.fine_tune_method)
 
     def _summary_path(self, iteration: int, stage: str) -> str:
         return f"stages/it{iteration}_{stage}.json"

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, FastAPI, Request
 
+from nip_core.llm.engines import make_engine
 from nip_core.llm.server import chat, routes_files, routes_jobs, routes_models
 from nip_core.llm.server.config import ServerConfig
 from nip_core.llm.server.errors import error_body, install_error_handlers
@@ -29,7 +30,6 @@ from nip_core.llm.server.registry import ModelRegistry
 from nip_core.llm.server.store import Store
 
 DB_NAME = "state.sqlite3"
-INFERENCE_THREADS = 8
 
 admin = APIRouter()
 
@@ -131,18 +131,20 @@ def create_app(config: ServerConfig, on_shutdown: Callable[[], None] | None = No
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.data_dir / DB_NAME)
     files = FileService(store, config.data_dir)
-    registry = ModelRegistry(store, config.data_dir)
+    engine = make_engine(config)
+    registry = ModelRegistry(store, config.data_dir, engine)
     jobs = JobManager(config, store, files, registry)
     faults = FaultInjector(config.faults)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.inference_limiter = anyio.CapacityLimiter(INFERENCE_THREADS)
+        engine.start()
         jobs.start()
         try:
             yield
         finally:
             await anyio.to_thread.run_sync(jobs.stop)
+            await anyio.to_thread.run_sync(engine.stop)
             store.close()
             if on_shutdown is not None:
                 on_shutdown()
@@ -152,6 +154,7 @@ def create_app(config: ServerConfig, on_shutdown: Callable[[], None] | None = No
     app.state.store = store
     app.state.files = files
     app.state.registry = registry
+    app.state.engine = engine
     app.state.jobs = jobs
     app.state.faults = faults
     install_error_handlers(app)

@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``: request checking, generation in a worker thread, response."""
+"""``POST /v1/chat/completions``: request checking, generation by the server's engine, response."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from nip_core.llm.policy.model import Generation
-from nip_core.llm.policy.tokenizer import count_prompt_tokens
+from nip_core.llm.engines.base import ChatResult, Generation, SamplingParams
 from nip_core.llm.server.errors import invalid_request, model_not_found
 from nip_core.llm.server.records import new_id, now
 from nip_core.llm.server.registry import UnknownModelError
@@ -72,9 +71,10 @@ def _logprobs(g: Generation) -> dict | None:
     return {"content": content, "refusal": None}
 
 
-def completion_body(req: ChatCompletionRequest, messages: list[dict], generations: list[Generation]) -> dict:
+def completion_body(req: ChatCompletionRequest, result: ChatResult) -> dict:
     """The ``chat.completion`` object of a request and its generations."""
-    prompt_tokens = count_prompt_tokens(messages)
+    generations = result.generations
+    prompt_tokens = result.prompt_tokens
     completion_tokens = sum(g.completion_tokens for g in generations)
     return {
         "id": new_id("chatcmpl-", 29),
@@ -108,27 +108,22 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request) -
     state = request.app.state
     stop = _check(req)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
-    registry = state.registry
-
-    def work() -> list[Generation]:
-        model = registry.get(req.model)
-        return model.generate(
-            messages,
-            n=req.n,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            seed=req.seed,
-            max_tokens=req.max_completion_tokens or req.max_tokens,
-            stop=stop,
-            logprobs=bool(req.logprobs),
-            top_logprobs=req.top_logprobs or 0,
-        )
-
+    params = SamplingParams(
+        n=req.n,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        seed=req.seed,
+        max_tokens=req.max_completion_tokens or req.max_tokens,
+        stop=tuple(stop),
+        logprobs=bool(req.logprobs),
+        top_logprobs=req.top_logprobs or 0,
+    )
     if state.config.latency_ms:
         # sleeping in the event loop lets other requests proceed meanwhile
         await asyncio.sleep(state.config.latency_ms / 1000.0)
     try:
-        generations = await anyio.to_thread.run_sync(work, limiter=state.inference_limiter)
+        # loading a model may read the disk: off the event loop
+        model = await anyio.to_thread.run_sync(state.registry.get, req.model)
     except UnknownModelError:
         raise model_not_found(req.model) from None
-    return completion_body(req, messages, generations)
+    return completion_body(req, await state.engine.chat(model, messages, params))

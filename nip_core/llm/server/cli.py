@@ -1,7 +1,8 @@
 """Command line of the local OpenAI-compatible server (``nipflow api-server``).
 
 ``python -m nip_core.llm.server --host 127.0.0.1 --port P --data-dir D
-[--job-time-scale X] [--api-key K] [--latency-ms MS] [--faults JSON|@file]``
+[--job-time-scale X] [--api-key K] [--latency-ms MS] [--faults JSON|@file]
+[--engine selection|transformers|vllm] [engine options]``
 
 The process takes an exclusive lock on the data directory (one server per directory),
 binds the socket itself (``--port 0`` picks a free port), records
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from nip_core.llm.server.config import API_KEY_ENV, ServerConfig
+from nip_core.llm.server.config import API_KEY_ENV, ENGINE_OPTIONS, ENGINES, ServerConfig
 from nip_core.llm.server.faults import FaultConfig
 from nip_core.utils.fileio import atomic_write_bytes as atomic_write
 
@@ -52,7 +53,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--faults", default=None, help="fault injection config, JSON or @file (see nip_core.llm.server.faults)")
     parser.add_argument("--job-workers", type=int, default=2, help="fine-tuning worker threads")
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
+    engine = parser.add_argument_group("engine", "the model family served (docs/text_backends.md)")
+    engine.add_argument("--engine", default="selection", choices=ENGINES,
+                        help="selection: the built-in response-selection policy (default); transformers: Hugging Face "
+                             "causal LMs trained with TRL; vllm: the same training, generation by vLLM (GPU)")
+    # engine options default to None so that only the ones given are checked against --engine
+    engine.add_argument("--base-model", dest="base_models", action="append", default=None, metavar="[NAME=]PATH_OR_ID",
+                        help="a base model to serve: a local directory or a Hugging Face id (repeatable; "
+                             "nipflow-tiny-lm is always served)")
+    engine.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
+    engine.add_argument("--full-fine-tune", action="store_true", default=None,
+                        help="train all weights instead of a LoRA adapter")
+    engine.add_argument("--allow-download", action="store_true", default=None,
+                        help="let base models be downloaded from the Hugging Face hub (default: offline only)")
+    engine.add_argument("--batch-window-ms", type=float, default=None,
+                        help="requests arriving within this window are generated together (default 5)")
+    engine.add_argument("--max-batch-size", type=int, default=None, help="sequences generated together at most (default 32)")
+    engine.add_argument("--tensor-parallel-size", type=int, default=None, help="vLLM: GPUs one model is split over (default 1)")
+    engine.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="vLLM: share of the GPU memory vLLM may take (default 0.5, leaving room for training)")
     return parser
+
+
+def _engine_options(args: argparse.Namespace) -> dict:
+    return {name: getattr(args, name) for name in ENGINE_OPTIONS if getattr(args, name) is not None}
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -100,11 +124,20 @@ def main(argv: list[str] | None = None) -> int:
             faults=FaultConfig.parse(args.faults),
             job_workers=args.job_workers,
             log_level=args.log_level,
+            engine=args.engine,
+            **_engine_options(args),
         )
     except (ValidationError, ValueError, OSError) as exc:
         print(f"nipflow api-server: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from nip_core.llm.engines import EngineError, check_engine
+
+    try:
+        check_engine(config)  # before taking the data directory: a refused engine leaves no trace
+    except EngineError as exc:
+        print(f"nipflow api-server: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     data_dir.mkdir(parents=True, exist_ok=True)
     lock = _lock(data_dir)
     if lock is None:

@@ -1,7 +1,7 @@
 """Fine-tuning jobs: the lifecycle run by background worker threads, and recovery.
 
 ``validating_files`` (the files are parsed and checked for the method) -> ``queued`` ->
-``running`` (real training, :func:`nip_core.llm.policy.training.train`) ->
+``running`` (real training by the server's engine, :meth:`Engine.train`) ->
 ``succeeded`` | ``failed`` | ``cancelled``. Phases are paced by the server's
 ``job_time_scale`` (see :mod:`~nip_core.llm.server.config`). Every transition, event and
 checkpoint is committed to the store as it happens.
@@ -22,10 +22,9 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-import numpy as np
-
-from nip_core.llm.policy.training import StepMetrics, TrainingCancelled, resolve_hyperparameters, train
+from nip_core.llm.engines.base import StepMetrics, TrainingCancelled
 from nip_core.llm.server.config import QUEUED_S, RUNNING_MIN_S, VALIDATING_S, ServerConfig
 from nip_core.llm.server.errors import ApiError, invalid_request, not_found
 from nip_core.llm.server.files import FileService
@@ -55,6 +54,7 @@ class JobManager:
         self.store = store
         self.files = files
         self.registry = registry
+        self.engine = registry.engine
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._stop = threading.Event()
         self._cancelled: set[str] = set()
@@ -189,7 +189,7 @@ class JobManager:
                 self.event(job_id, f"Validating training file: {job.training_file}")
                 self._sleep(VALIDATING_S * scale, job_id)
                 train_ex, _ = self._examples(job)
-                cfg = resolve_hyperparameters(job.method["type"], len(train_ex), _given(job), job.seed)
+                cfg = self.engine.resolve_hyperparameters(job.method["type"], len(train_ex), _given(job), job.seed)
                 if self._update(job_id, lambda j: _to_queued(j, cfg)) is None:
                     return
                 self.event(job_id, "Files validated, moving job to queued state")
@@ -212,14 +212,13 @@ class JobManager:
     def _train(self, job_id: str) -> None:
         job = self.store.get_job(job_id)
         train_ex, valid_ex = self._examples(job)
-        cfg = resolve_hyperparameters(job.method["type"], len(train_ex), _given(job), job.seed)
+        cfg = self.engine.resolve_hyperparameters(job.method["type"], len(train_ex), _given(job), job.seed)
         parent = self.registry.get(job.model)
         base = self.registry.base_of(job.model)
         name = fine_tuned_name(job, base, self.config.organization)
         budget = RUNNING_MIN_S * self.config.job_time_scale
         started = time.monotonic()
         rows: list[StepMetrics] = []
-        memory_holder: dict = {}
 
         def on_step(metrics: StepMetrics, total: int) -> None:
             if self._stop.is_set():
@@ -243,10 +242,10 @@ class JobManager:
             # spread the job's minimum running time over the steps
             self._sleep(started + budget * metrics.step / total - time.monotonic(), job_id)
 
-        def on_checkpoint(metrics: StepMetrics, epoch: int, weights: np.ndarray) -> None:
+        def on_checkpoint(metrics: StepMetrics, epoch: int, artifact: Any) -> None:
             ckpt_name = f"{name}:ckpt-step-{metrics.step}"
             self.registry.save(
-                ckpt_name, job_id=job_id, parent=job.model, weights=weights, memory=memory_holder["memory"],
+                ckpt_name, job_id=job_id, parent=job.model, artifact=artifact,
                 owned_by=self.config.organization, listed=False, file_stem=f"ckpt-step-{metrics.step}",
             )
             self.store.add_checkpoint(
@@ -264,12 +263,9 @@ class JobManager:
             )
             self.event(job_id, f"Checkpoint created at step {metrics.step}")
 
-        result = train(
-            parent, cfg, train_ex, valid_ex, on_step=on_step, on_checkpoint=on_checkpoint,
-            on_memory=lambda memory: memory_holder.__setitem__("memory", memory),
-        )
+        result = self.engine.train(parent, cfg, train_ex, valid_ex, on_step=on_step, on_checkpoint=on_checkpoint)
         self.registry.save(
-            name, job_id=job_id, parent=job.model, weights=result.weights, memory=result.memory,
+            name, job_id=job_id, parent=job.model, artifact=result.artifact,
             owned_by=self.config.organization, listed=False, file_stem="final",
         )
         results_file = self.files.create(

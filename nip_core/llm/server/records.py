@@ -112,8 +112,9 @@ class ModelRecord(BaseModel):
     parent: str
     base: str
     weights: str  # path relative to the data directory
-    memory: str  # path relative to the data directory
+    memory: str  # path relative to the data directory ("" when the engine keeps none)
     listed: bool = True
+    engine: str = "selection"  # the engine that wrote the files (records before engines: selection)
 
     def public(self) -> dict[str, Any]:
         return {"id": self.id, "object": "model", "created": self.created, "owned_by": self.owned_by}

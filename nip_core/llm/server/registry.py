@@ -1,30 +1,26 @@
 """Which models the server knows, and loading/saving their weights.
 
-Base models are the names of :data:`~nip_core.llm.policy.model.BASE_MODEL_ALIASES`;
-fine-tuned models (and checkpoints) are records in the store whose weights
-(``models/<job>/<name>.npy``, float16) and learned responses (``.json``) live in the data
-directory. Loaded models are kept in a small LRU cache.
+Base models are those of the server's engine (:meth:`Engine.base_models`); fine-tuned
+models (and checkpoints) are records in the store whose files (written by the engine's
+:meth:`~nip_core.llm.engines.base.Engine.save_artifact` under ``models/<job>/``) live in
+the data directory. A record remembers the engine that made it: a data directory reopened
+with another ``--engine`` does not serve (or list) models it cannot load. Loaded models are
+kept in a small LRU cache (its size is the engine's).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-
-from nip_core.llm.policy.candidates import Candidate
-from nip_core.llm.policy.model import BASE_MODEL_ALIASES, PolicyModel, canonical_base
-from nip_core.utils.fileio import atomic_write_bytes as atomic_write
+from nip_core.llm.engines.base import Engine
 from nip_core.llm.server.records import ModelRecord, now
 from nip_core.llm.server.store import Store
 
 # an arbitrary fixed creation time for the base models (2024-07-18)
 BASE_CREATED = 1721260800
-CACHE_SIZE = 16
 
 
 class UnknownModelError(KeyError):
@@ -32,52 +28,55 @@ class UnknownModelError(KeyError):
 
 
 class ModelRegistry:
-    """Resolve model names to :class:`PolicyModel` objects; save fine-tuned ones."""
+    """Resolve model names to the engine's loaded models; save fine-tuned ones."""
 
-    def __init__(self, store: Store, data_dir: Path):
+    def __init__(self, store: Store, data_dir: Path, engine: Engine | None = None):
         self.store = store
         self.data_dir = data_dir
-        self._cache: OrderedDict[str, PolicyModel] = OrderedDict()
+        if engine is None:  # the default engine, as before engines existed
+            from nip_core.llm.engines.selection import SelectionEngine
+
+            engine = SelectionEngine()
+        self.engine = engine
+        self._cache: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
+    def _record(self, name: str) -> ModelRecord | None:
+        record = self.store.get_model(name)
+        return record if record is not None and record.engine == self.engine.name else None
+
     def exists(self, name: str) -> bool:
-        return canonical_base(name) is not None or self.store.get_model(name) is not None
+        return self.engine.canonical_base(name) is not None or self._record(name) is not None
 
     def base_of(self, name: str) -> str:
         """Canonical base model of a model's lineage."""
-        canonical = canonical_base(name)
+        canonical = self.engine.canonical_base(name)
         if canonical is not None:
             return canonical
-        record = self.store.get_model(name)
+        record = self._record(name)
         if record is None:
             raise UnknownModelError(name)
         return record.base
 
-    def get(self, name: str) -> PolicyModel:
-        """The model called ``name`` (raises :class:`UnknownModelError`)."""
+    def get(self, name: str) -> Any:
+        """The loaded model called ``name`` (raises :class:`UnknownModelError`)."""
         with self._lock:
             cached = self._cache.get(name)
             if cached is not None:
                 self._cache.move_to_end(name)
                 return cached
-        if canonical_base(name) is not None:
-            model = PolicyModel.base_model(name)
+        if self.engine.canonical_base(name) is not None:
+            model = self.engine.load_base(name)
         else:
-            record = self.store.get_model(name)
+            record = self._record(name)
             if record is None:
                 raise UnknownModelError(name)
-            model = self._load(record)
+            model = self.engine.load(record.id, record.base, self.data_dir, record.weights, record.memory)
         with self._lock:
             self._cache[name] = model
-            while len(self._cache) > CACHE_SIZE:
+            while len(self._cache) > self.engine.cache_size:
                 self._cache.popitem(last=False)
         return model
-
-    def _load(self, record: ModelRecord) -> PolicyModel:
-        weights = np.load(self.data_dir / record.weights).astype(np.float32)
-        weights.flags.writeable = False
-        memory = tuple(Candidate(*item) for item in json.loads((self.data_dir / record.memory).read_text()))
-        return PolicyModel(name=record.id, base=record.base, weights=weights, memory=memory)
 
     def save(
         self,
@@ -85,21 +84,13 @@ class ModelRegistry:
         *,
         job_id: str,
         parent: str,
-        weights: np.ndarray,
-        memory: tuple[Candidate, ...],
+        artifact: Any,
         owned_by: str,
         listed: bool,
         file_stem: str,
     ) -> ModelRecord:
         """Write a model's files atomically and register it (replacing a previous one)."""
-        rel_dir = Path("models") / job_id
-        weights_rel = rel_dir / f"{file_stem}.npy"
-        memory_rel = rel_dir / "memory.json"
-        buffer = io.BytesIO()
-        np.save(buffer, weights.astype(np.float16))
-        atomic_write(self.data_dir / weights_rel, buffer.getvalue())
-        memory_bytes = json.dumps([[c.text, c.kind, c.template] for c in memory]).encode("utf-8")
-        atomic_write(self.data_dir / memory_rel, memory_bytes)
+        weights_rel, memory_rel = self.engine.save_artifact(artifact, self.data_dir, Path("models") / job_id, file_stem)
         record = ModelRecord(
             id=name,
             created=now(),
@@ -107,9 +98,10 @@ class ModelRegistry:
             job_id=job_id,
             parent=parent,
             base=self.base_of(parent),
-            weights=weights_rel.as_posix(),
-            memory=memory_rel.as_posix(),
+            weights=weights_rel,
+            memory=memory_rel,
             listed=listed,
+            engine=self.engine.name,
         )
         self.store.add_model(record)
         with self._lock:
@@ -121,16 +113,29 @@ class ModelRegistry:
             self._cache.pop(name, None)
         return self.store.delete_model(name)
 
+    def _base_entry(self, name: str) -> dict:
+        entry = {"id": name, "object": "model", "created": BASE_CREATED, "owned_by": "system"}
+        return self._with_capabilities(entry, self.engine.canonical_base(name))
+
+    def _with_capabilities(self, entry: dict, base: str) -> dict:
+        # extra fields next to OpenAI's four; the official client keeps them as model_extra
+        entry["capabilities"] = self.engine.capabilities(base)
+        entry["engine"] = self.engine.name
+        return entry
+
+    def _fine_tuned_entry(self, record: ModelRecord) -> dict:
+        return self._with_capabilities(record.public(), record.base)
+
     def list_public(self) -> list[dict]:
         """``model`` objects of the base models and the listed fine-tuned models."""
-        out = [{"id": name, "object": "model", "created": BASE_CREATED, "owned_by": "system"} for name in BASE_MODEL_ALIASES]
-        out.extend(record.public() for record in self.store.list_models())
+        out = [self._base_entry(name) for name in self.engine.base_models()]
+        out.extend(self._fine_tuned_entry(r) for r in self.store.list_models() if r.engine == self.engine.name)
         return out
 
     def public(self, name: str) -> dict:
-        if canonical_base(name) is not None:
-            return {"id": name, "object": "model", "created": BASE_CREATED, "owned_by": "system"}
-        record = self.store.get_model(name)
+        if self.engine.canonical_base(name) is not None:
+            return self._base_entry(name)
+        record = self._record(name)
         if record is None:
             raise UnknownModelError(name)
-        return record.public()
+        return self._fine_tuned_entry(record)

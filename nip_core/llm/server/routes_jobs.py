@@ -121,6 +121,12 @@ async def create_job(req: JobCreateRequest, request: Request) -> dict:
         _check_file(request, req.validation_file, "validation_file")
     metadata = _check_metadata(req.metadata)
     kind, hyper = _method(req)
+    base = state.registry.base_of(req.model)
+    if not state.engine.supports(base, kind):
+        raise invalid_request(
+            f"Model {req.model} (base {base}) cannot be fine-tuned with method '{kind}' by this server "
+            f"(engine {state.engine.name}).", param="method.type", code="model_not_available"
+        )
     job = JobRecord(
         id=new_id("ftjob-"),
         created_at=now(),

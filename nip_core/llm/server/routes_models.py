@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from nip_core.llm.policy.model import canonical_base
 from nip_core.llm.server.errors import ApiError, model_not_found
 from nip_core.llm.server.registry import UnknownModelError
 
@@ -26,7 +25,7 @@ async def retrieve_model(model_id: str, request: Request) -> dict:
 
 @router.delete("/v1/models/{model_id:path}")
 async def delete_model(model_id: str, request: Request) -> dict:
-    if canonical_base(model_id) is not None:
+    if request.app.state.engine.canonical_base(model_id) is not None:
         raise ApiError(403, f"You cannot delete the base model {model_id}.", param="model", code="model_not_deletable")
     if not request.app.state.registry.delete(model_id):
         raise model_not_found(model_id)

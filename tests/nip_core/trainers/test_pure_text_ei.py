@@ -90,16 +90,31 @@ def test_stage_order_is_enforced_and_pending_jobs_do_not_block(tmp_path, server)
 
 
 @pytest.mark.e2e
-def test_failed_job_stops_the_run_with_its_error(tmp_path, server):
-    t = build_trainer(params(tmp_path), settings(tmp_path, server.base_url, "failing"))
+def test_a_job_that_ends_badly_on_its_last_attempt_stops_the_run_with_its_error(tmp_path, server):
+    hp = params(tmp_path, text_rl={"verifier_guess_replacement_proportion": 0.5, "fine_tune_max_attempts": 1})
+    t = build_trainer(hp, settings(tmp_path, server.base_url, "failing"))
     while t.next_stage()[1] != "await_fine_tune_jobs":
         t.run_stage(t.next_stage()[1])
     client = t.scenario.extras["client"]()
     job_id = t.groups["verifier"].state.fine_tune_job_id
     client.fine_tuning.jobs.cancel(job_id)
-    with pytest.raises(FineTuneJobFailed, match=f"{job_id} of group 'verifier' cancelled"):
+    with pytest.raises(FineTuneJobFailed, match=f"{job_id} of group 'verifier' cancelled: 1 attempt"):
         t.run_stage("await_fine_tune_jobs")
     assert t.next_stage() == (0, "await_fine_tune_jobs")
+
+
+def test_a_cancelled_job_is_retried_by_the_await_stage(tmp_path, server):
+    t = build_trainer(params(tmp_path), settings(tmp_path, server.base_url, "retried"))
+    while t.next_stage()[1] != "await_fine_tune_jobs":
+        t.run_stage(t.next_stage()[1])
+    client = t.scenario.extras["client"]()
+    job_id = t.groups["verifier"].state.fine_tune_job_id
+    client.fine_tuning.jobs.cancel(job_id)
+    t.run_stage("await_fine_tune_jobs")
+    assert t.next_stage() == (1, "sample_rollouts")
+    assert t.state.shared_model_groups["verifier"].fine_tune_attempt == 2
+    record = t.run.read_json("fine_tune/iter_0_verifier.json")
+    assert [a["job_id"] for a in record["attempts"]] == [job_id] and record["job_id"] != job_id
 
 
 @pytest.mark.e2e
@@ -115,3 +130,13 @@ def test_expert_iteration_raises_verifier_train_accuracy(tmp_path, server, capsy
         print(f"\nEI nip verifier train accuracy per iteration: {acc}")
     assert len(acc) == 3
     assert acc[-1] >= acc[0] + 0.25
+
+
+def test_a_model_the_api_cannot_fine_tune_fails_before_any_rollout(tmp_path, server):
+    from nip_core.llm.capabilities import ModelNotFineTunableError
+
+    hp = params(tmp_path, agents={"_default": {"model_name": "no-such-model"}})
+    t = build_trainer(hp, settings(tmp_path, server.base_url, "unknown-model"))
+    with pytest.raises(ModelNotFineTunableError, match="no-such-model.*supervised"):
+        t.run_stage("sample_rollouts")
+    assert not t.run.exists("rollouts/0.json") and t.next_stage() == (0, "sample_rollouts")

@@ -186,8 +186,9 @@ def test_two_iteration_malt_run(tmp_path, server):
     assert expected_groups, f"no group had enough pairs: {pairs0}"
     assert sorted(j.metadata["nipflow_group"] for j in jobs) == expected_groups
     for j in jobs:
-        assert j.metadata == {"nipflow_run_id": run_id, "nipflow_iteration": "0",
-                              "nipflow_group": j.metadata["nipflow_group"]}
+        assert j.metadata == {"nipflow_run_id": run_id, "nipflow_incarnation": t.run.incarnation,
+                              "nipflow_iteration": "0", "nipflow_group": j.metadata["nipflow_group"],
+                              "nipflow_attempt": "1"}
         assert j.method.type == "dpo" and j.status == "succeeded"
         lines = client.files.content(j.training_file).read().decode().splitlines()
         group = t.groups[j.metadata["nipflow_group"]]
