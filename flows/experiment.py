@@ -10,6 +10,10 @@ dispatches on the trainer's interface:
 * a TensorDict trainer (``run_iterations``) runs the GPU-tagged blocks of
   :mod:`flows.tensordict`;
 * any other trainer runs ``train()`` as a single task.
+
+The one parameter, ``parameters``, defaults to an empty form: a deployment's parameters
+can then be edited and saved in the UI, and a run without a scenario or trainer fails
+with an error naming ``parameters.scenario``/``parameters.trainer``.
 """
 
 from __future__ import annotations
@@ -26,13 +30,68 @@ from nip_core.settings import ExperimentSettings
 _LIVE_TRAINERS: dict[tuple[str, str], Any] = {}
 
 
+def current_work_pool() -> str | None:
+    """The work pool of this flow run when it is deployed (``None`` otherwise, or unknown).
+
+    The id comes from ``prefect.runtime`` (the run context, or ``PREFECT__FLOW_RUN_ID``,
+    which a worker sets in the flow-run process, so this also works while Prefect
+    validates the parameters, before the run's context exists); the pool from the API.
+    """
+    run_id = current_flow_run_id()
+    if run_id is None:
+        return None
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(run_id).work_pool_name
+    except Exception:  # noqa: BLE001 - only used to word an error message
+        return None
+
+
+def where_this_runs() -> str:
+    """``host 'h', work pool 'p'`` (or ``..., not in a work pool``) for error messages."""
+    import socket
+
+    pool = current_work_pool()
+    return f"host {socket.gethostname()!r}, " + (f"work pool {pool!r}" if pool else "not in a work pool")
+
+
+def check_device_here(device: str, field: str = "parameters.device") -> str:
+    """Resolve ``device`` on this host (:func:`nip_core.settings.resolve_device`).
+
+    Raises
+    ------
+    DeviceUnavailableError
+        Naming ``field``, this host and its work pool, if ``device`` is a CUDA device
+        that this host does not have.
+    """
+    from nip_core.settings import DeviceUnavailableError, resolve_device
+
+    try:
+        return resolve_device(device, field=field)
+    except DeviceUnavailableError as e:
+        raise e.naming(field, where_this_runs()) from None
+
+
 def build_flow_trainer(hyper_params: HyperParameters, settings: ExperimentSettings):
-    """Build the trainer for a flow, with Prefect artifact hooks, opening its run."""
+    """Build the trainer for a flow, with Prefect artifact hooks, opening its run.
+
+    Raises
+    ------
+    DeviceUnavailableError
+        If the trainer computes on a device (TensorDict trainers) that this host does
+        not have: names ``parameters.device``, the host and the work pool.
+    """
     from flows.observability import PrefectHooks
+    from nip_core.settings import DeviceUnavailableError
     from nip_core.trainers import build_trainer
 
     hooks = PrefectHooks(settings.run_id or "run", getattr(hyper_params.rl, "num_iterations", 1))
-    return build_trainer(hyper_params, settings, hooks=hooks)
+    try:
+        return build_trainer(hyper_params, settings, hooks=hooks)
+    except DeviceUnavailableError as e:
+        raise e.naming("parameters.device", where_this_runs()) from None
 
 
 def remember_trainer(trainer: Any) -> None:
@@ -110,8 +169,13 @@ def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any
 
 
 @flow(name="train_experiment", persist_result=True)
-def train_experiment(parameters: ExperimentParameters) -> dict[str, Any]:
-    """Train one experiment (new or resumed) described by ``parameters``."""
+def train_experiment(parameters: ExperimentParameters = ExperimentParameters()) -> dict[str, Any]:
+    """Train one experiment (new or resumed) described by ``parameters``.
+
+    ``parameters`` defaults to an empty form (never changed by a run, so one shared
+    default is safe): with neither a scenario nor a trainer the run fails at once with a
+    ``ParameterError`` naming ``parameters.scenario``/``parameters.trainer``.
+    """
     from flows.leases import driving
 
     trainer = open_trainer(parameters)

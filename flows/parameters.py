@@ -16,15 +16,26 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flows.secrets import SECRET_SETTINGS_FIELDS, secret_parameter_error, with_secrets
+from nip_core.errors import NipflowError
 from nip_core.experiment import DEFAULT_DATASETS, new_run_id
-from nip_core.parameters import HyperParameters, apply_overrides
+from nip_core.parameters import HyperParameters, ParameterError, apply_overrides
 from nip_core.runs import validate_run_id
-from nip_core.settings import ExperimentSettings
+from nip_core.settings import AUTO_DEVICE, DEVICE_DESCRIPTION, ExperimentSettings, check_device_name
 
 WaitMode = Literal["auto", "poll", "suspend"]
 
 # JSON schema of a settings mapping: names of secret fields are not allowed as keys.
 NO_SECRET_KEYS_SCHEMA = {"propertyNames": {"not": {"enum": sorted(SECRET_SETTINGS_FIELDS)}}}
+
+
+class MissingParameterError(NipflowError):
+    """A flow run was started without a parameter it needs (every flow parameter is
+    optional in the schema, so that deployments can be edited and saved in the UI)."""
+
+    def __init__(self, flow_name: str, parameter: str, hint: str):
+        self.flow_name = flow_name
+        self.parameter = parameter
+        super().__init__(f"{flow_name}: parameter '{parameter}' is missing: {hint}")
 
 
 def refuse_secret_keys(mapping: dict[str, Any], path: str) -> dict[str, Any]:
@@ -62,7 +73,7 @@ class ExperimentParameters(BaseModel):
     overrides: list[str] = Field(default_factory=list, description="dotted overrides KEY=VALUE")
     run_id: Optional[str] = Field(None, description="continue this run (a new id is made when empty)")
     runs_dir: Optional[str] = Field(None, description="run store location: a path or an fsspec URL")
-    device: str = "cpu"
+    device: str = Field(AUTO_DEVICE, description=DEVICE_DESCRIPTION)
     use_wandb: bool = False
     block_size: int = Field(10, gt=0, description="TensorDict trainers: iterations per GPU block")
     wait_mode: WaitMode = Field("auto", description="fine-tune waits: poll in-process, or suspend the "
@@ -93,13 +104,30 @@ class ExperimentParameters(BaseModel):
     def _no_secret_overrides(cls, value: list[str]) -> list[str]:
         return refuse_secret_overrides(value, "overrides")
 
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        # Only the name here: whether the device exists is known on the host that trains.
+        return check_device_name(value)
+
     def hyper_params(self) -> HyperParameters:
-        """Validate and build the ``HyperParameters`` (raises ``ParameterError``)."""
+        """Validate and build the ``HyperParameters``.
+
+        Raises
+        ------
+        ParameterError
+            If a value is invalid, or if the scenario or the trainer is given neither as
+            a field (``parameters.scenario``) nor in ``params`` (an empty form).
+        """
         data = json.loads(json.dumps(self.params))
         for field, key in (("scenario", "scenario"), ("trainer", "trainer"),
                            ("protocol", "interaction_protocol"), ("dataset", "dataset")):
             if getattr(self, field):
                 data[key] = getattr(self, field)
+        missing = [(f"parameters.{key}", f"missing: set parameters.{key} (or parameters.params.{key})")
+                   for key in ("scenario", "trainer") if not data.get(key)]
+        if missing:
+            raise ParameterError(missing, source="flow parameters")
         if "dataset" not in data and data.get("scenario") in DEFAULT_DATASETS:
             data["dataset"] = DEFAULT_DATASETS[data["scenario"]]
         return HyperParameters.from_dict(apply_overrides(data, self.overrides), source="flow parameters")
@@ -131,10 +159,16 @@ class ExperimentParameters(BaseModel):
 
 
 class RunSpec(BaseModel):
-    """Everything a child flow run (maybe on another machine) needs to open a run."""
+    """Everything a child flow run (maybe on another machine) needs to open a run.
 
-    params: dict[str, Any]
-    settings: dict[str, Any] = Field(json_schema_extra=NO_SECRET_KEYS_SCHEMA)
+    ``settings`` carries the device as the user asked for it (``"auto"`` by default): the
+    child resolves it on its own host. Both fields default to empty (so that a form in
+    the UI can be saved); a child refuses an empty spec (:meth:`require_complete`).
+    """
+
+    params: dict[str, Any] = Field(default_factory=dict, description="the run's HyperParameters")
+    settings: dict[str, Any] = Field(default_factory=dict, description="the run's ExperimentSettings "
+                                     "(never secrets)", json_schema_extra=NO_SECRET_KEYS_SCHEMA)
     lease: Optional[dict[str, Any]] = Field(None, description="the parent's claim on the run lease "
                                             "({owner, generation}); a child joins it instead of taking its own")
 
@@ -149,6 +183,20 @@ class RunSpec(BaseModel):
         # added later without ``exclude=True`` out of child runs' parameters too.
         return cls(params=hyper_params.to_dict(),
                    settings=settings.model_dump(mode="json", exclude=set(SECRET_SETTINGS_FIELDS)))
+
+    def require_complete(self, flow_name: str) -> "RunSpec":
+        """``self``, or ``MissingParameterError`` naming ``spec.params``/``spec.settings.run_id``."""
+        hint = "the RunSpec of a run, which train_experiment passes to every block it starts"
+        if not self.params:
+            raise MissingParameterError(flow_name, "spec.params", hint)
+        if not self.settings.get("run_id"):
+            raise MissingParameterError(flow_name, "spec.settings.run_id", hint)
+        return self
+
+    @property
+    def device(self) -> str:
+        """The device as asked (``"auto"`` when the settings do not say)."""
+        return str(self.settings.get("device") or ExperimentSettings.model_fields["device"].default)
 
     def hyper_params(self) -> HyperParameters:
         return HyperParameters.from_dict(self.params, source="run spec")

@@ -10,20 +10,27 @@ retried block restarts from the previous block's checkpoint, which is what
 
 Locally a block is a subflow in the same process; deployed, it runs through
 ``run_deployment`` on the ``nipflow-gpu`` pool (deployment ``rl_iteration_block/rl-block``).
+
+The device of a block is a flow parameter like everything else about the run: the
+parent's ``parameters.device`` travels in ``spec.settings["device"]`` (``"auto"`` by
+default) and the block resolves it on the host it runs on (CUDA when that host has it,
+else the CPU). Nothing else sets it: neither the work pool's job variables nor the
+worker's environment.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
 from prefect import flow, get_run_logger, tags
+from pydantic import AfterValidator, Field
 
-from flows.parameters import ExperimentParameters, RunSpec
+from flows.parameters import ExperimentParameters, MissingParameterError, RunSpec
 from flows.leases import driving
 from tasks.rl_block import Block, plan_blocks, run_block_task
 
 BLOCK_DEPLOYMENT = "rl_iteration_block/rl-block"
+BLOCK_FLOW = "rl_iteration_block"
 BlockDispatch = Literal["auto", "subflow", "deployment"]
 
 
@@ -31,17 +38,67 @@ class BlockFailedError(RuntimeError):
     """A deployed RL block flow run did not complete (names the run and block)."""
 
 
-@flow(name="rl_iteration_block", flow_run_name="rl-block-{block.index}[{block.start}:{block.stop}]",
-      retries=2, retry_delay_seconds=1, persist_result=True)
-def rl_iteration_block(spec: RunSpec, block: Block) -> dict[str, Any]:
-    """Train one block of iterations of the run described by ``spec``."""
+# The checks of a block's parameters run while Prefect validates them, not in the body.
+# In Prefect 3.8.8 a flow's retries are the server's RetryFailedFlows rule: *every*
+# Running -> Failed transition of a flow run with retries left becomes AwaitingRetry, and
+# the engine runs the body again (flows have no retry_condition_fn, and the exception
+# type does not matter; a BaseException would end the run Crashed instead, which the
+# nipflow automation reschedules, worse). The engine validates the parameters in
+# begin_run, *before* it proposes Running: a validator that raises fails the run
+# Pending -> Failed, which that rule does not see, so no retry is spent, and the body
+# never starts (nothing is built). A missing parameter or a CUDA device this host does
+# not have cannot be fixed by running again on the same host, so both fail here. The
+# error propagates as it is (not a ValueError, so pydantic does not wrap it): a local
+# subflow raises it in the parent; a deployed block's state message carries it.
+
+
+def _checked_spec(spec: Optional[RunSpec]) -> RunSpec:
+    from flows.experiment import check_device_here
+
+    if spec is None:
+        raise MissingParameterError(BLOCK_FLOW, "spec", "the RunSpec of a run, which train_experiment passes "
+                                    "to every block it starts")
+    spec.require_complete(BLOCK_FLOW)
+    check_device_here(spec.device, "parameters.device")  # on the host (and pool) that would train
+    return spec
+
+
+def _checked_block(block: Optional[Block]) -> Block:
+    if block is None:
+        raise MissingParameterError(BLOCK_FLOW, "block", 'the iterations to train, e.g. '
+                                    '{"index": 0, "start": 0, "stop": 10}')
+    return block
+
+
+# Optional with default None in the parameter schema (a deployment form can be saved
+# with no value); ``validate_default`` runs the check on the default too.
+SpecParameter = Annotated[Optional[RunSpec], AfterValidator(_checked_spec), Field(validate_default=True)]
+BlockParameter = Annotated[Optional[Block], AfterValidator(_checked_block), Field(validate_default=True)]
+
+
+def _block_run_name() -> str:
+    """``rl-block-<index>[<start>:<stop>]`` (the name is made after the parameters validated)."""
+    from prefect.runtime import flow_run
+
+    block = flow_run.parameters.get("block")
+    if isinstance(block, dict):
+        block = Block.model_validate(block)
+    if not isinstance(block, Block):
+        return "rl-block"
+    return f"rl-block-{block.index}[{block.start}:{block.stop}]"
+
+
+@flow(name=BLOCK_FLOW, flow_run_name=_block_run_name, retries=2, retry_delay_seconds=1, persist_result=True)
+def rl_iteration_block(spec: SpecParameter = None, block: BlockParameter = None) -> dict[str, Any]:
+    """Train one block of iterations of the run described by ``spec``.
+
+    Both parameters are required in fact (a missing one fails the run before it starts,
+    naming it); ``spec.settings["device"]`` is resolved on this host.
+    """
     from prefect.runtime import flow_run
 
     from flows.experiment import forget_trainer, trainer_from_spec
 
-    device = os.environ.get("NIPFLOW_DEVICE")  # set by the GPU pool's job variables
-    if device and spec.settings.get("device") != device:
-        spec = spec.model_copy(update={"settings": {**spec.settings, "device": device}})
     if flow_run.run_count > 1:
         # A retry must start from the previous block's checkpoint, not from the
         # half-trained models the failed attempt left in this process's trainer.
@@ -61,9 +118,10 @@ def _dispatch_block(spec: RunSpec, block: Block, deployed: bool) -> dict[str, An
                                                          "block": block.model_dump()},
                            tags=["gpu"], timeout=None, poll_interval=5)
     if not child.state or not child.state.is_completed():
+        why = f": {child.state.message}" if child.state and child.state.message else ""
         raise BlockFailedError(f"RL block {block.index} [{block.start}:{block.stop}) of run "
                                f"{spec.settings.get('run_id')}: flow run {child.id} ended "
-                               f"{child.state.name if child.state else 'without a state'}")
+                               f"{child.state.name if child.state else 'without a state'}{why}")
     # Not child.state.result(): flow results live in the worker's PREFECT_HOME, which
     # another machine cannot read; the block's checkpoint in the shared run store counts.
     return {"block": block.index, "start": block.start, "stop": block.stop, "iteration": block.stop,
@@ -99,7 +157,11 @@ def run_tensordict(trainer: Any, block_size: int, dispatch: BlockDispatch = "aut
     from flows.experiment import remember_trainer
     from flows.observability import write_summary
 
-    spec = RunSpec.of(trainer.hyper_params, trainer.settings).model_copy(update={"lease": trainer.run.lock.claim()})
+    # The device as asked ("auto"), not as this host resolved it: each block resolves it
+    # on the host it runs on (TensorDict trainers keep the request in requested_device).
+    settings = trainer.settings.model_copy(
+        update={"device": getattr(trainer, "requested_device", trainer.settings.device)})
+    spec = RunSpec.of(trainer.hyper_params, settings).model_copy(update={"lease": trainer.run.lock.claim()})
     remember_trainer(trainer)  # local subflows reuse this trainer instead of building another
     blocks = drive_blocks(trainer, spec, block_size, dispatch)
     if callable(getattr(trainer, "run_test_loop", None)) or (

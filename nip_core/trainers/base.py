@@ -63,6 +63,9 @@ class Trainer(ABC):
 
     trainer_type: ClassVar[Literal["rl", "solo_agent"]] = "rl"
     trainer_name: ClassVar[str] = ""
+    # Whether the trainer computes on ``settings.device`` (resolved when it is built, see
+    # :func:`nip_core.settings.resolve_device`); pure-text trainers do not.
+    uses_torch_device: ClassVar[bool] = False
     State: ClassVar[type[TrainerState]] = TrainerState
 
     def __init__(self, hyper_params: HyperParameters, settings: ExperimentSettings | None = None,
@@ -165,7 +168,14 @@ def build_trainer(hyper_params: HyperParameters, settings: ExperimentSettings | 
 
     When ``settings.run_id`` is set and ``run`` is not given, the run is opened (or
     created) in ``settings.runs_dir`` with the settings' params-mismatch policy.
+
+    Raises
+    ------
+    DeviceUnavailableError
+        If the trainer computes on a torch device and ``settings.device`` names a CUDA
+        device this host does not have: before the run is opened or anything is built.
     """
+    from nip_core.settings import resolve_device
     from nip_core.trainers.registry import get_trainer_class
 
     settings = settings or ExperimentSettings()
@@ -174,8 +184,10 @@ def build_trainer(hyper_params: HyperParameters, settings: ExperimentSettings | 
 
         base = RunStore(settings.runs_dir).load_params(hyper_params.base_run.run_id)
         hyper_params = merge_with_base_run(hyper_params, base)
+    cls = get_trainer_class(hyper_params.trainer)
+    if cls.uses_torch_device:
+        resolve_device(settings.device)  # the trainer resolves it again; this only fails early
     if run is None and open_run and settings.run_id and not settings.test_run:
         run = RunStore(settings.runs_dir).open_run(settings.run_id, hyper_params,
                                                    on_params_mismatch=settings.on_params_mismatch)
-    cls = get_trainer_class(hyper_params.trainer)
     return cls(hyper_params, settings, run=run, hooks=hooks)

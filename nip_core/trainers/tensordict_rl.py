@@ -70,6 +70,7 @@ from nip_core.environments.episode_stats import episode_stats
 from nip_core.environments.rollouts import collect_batch, normalized_env, random_observation_stats
 from nip_core.errors import CheckpointNotFoundError
 from nip_core.scenarios.registry import build_scenario_instance
+from nip_core.settings import ExperimentSettings, resolve_device
 from nip_core.trainers.base import Trainer, set_global_seed
 from nip_core.trainers.preemption import PreemptionGuard, TrainingPreempted
 from nip_core.trainers.optim import build_optimizer
@@ -106,10 +107,26 @@ class TensorDictTrainer(Trainer):
     scenario_instance
         Ready-made scenario components (tests inject small ones); built from the
         scenario registry when omitted.
+
+    The device is resolved first, before anything is built
+    (:func:`~nip_core.settings.resolve_device`): ``settings.device`` of the trainer is the
+    device it computes on here (``"auto"`` becomes ``"cuda"`` or ``"cpu"``), and
+    ``requested_device`` the device as asked, which is what a process on another host
+    (an RL block) must resolve again.
+
+    Raises
+    ------
+    DeviceUnavailableError
+        If ``settings.device`` names a CUDA device this host does not have.
     """
+
+    uses_torch_device = True
 
     def __init__(self, hyper_params, settings=None, run=None, hooks=None, stat_logger=None,
                  scenario_instance=None):
+        settings = settings or ExperimentSettings()
+        self.requested_device: str = settings.device
+        settings = settings.model_copy(update={"device": resolve_device(settings.device)})
         super().__init__(hyper_params, settings, run=run, hooks=hooks, stat_logger=stat_logger)
         set_global_seed(hyper_params.seed)
         if scenario_instance is None:

@@ -1,4 +1,6 @@
-"""The deployed code-validation pipeline survives a worker kill while it waits for fine-tuning.
+"""Deployed pipelines on real processes: the code-validation pipeline survives a worker
+kill while it waits for fine-tuning, and the GI pipeline trains its RL blocks through the
+gpu pool on this CPU-only machine.
 
 Real processes only: ``prefect server start``, ``nipflow prefect setup`` + ``prefect deploy
 --all`` from ``deployments/prefect.yaml``, ``prefect worker start --pool nipflow-cpu``, the
@@ -20,6 +22,13 @@ the test finishes in a few minutes. The watcher still runs as the real scheduled
 deployment on the worker (server scheduler -> worker -> ``fine_tune_watcher`` flow run
 -> ``resume_flow_run``); nothing in the test resumes the run itself. Workers poll every
 2 s (``PREFECT_WORKER_QUERY_SECONDS``) instead of 10 s, also only for speed.
+
+``train_experiment/nip-gi-ppo`` runs the real (tiny) GI ``vanilla_ppo`` trainer: its RL
+blocks are ``rl_iteration_block/rl-block`` flow runs on the worker of ``nipflow-gpu``. The
+device is the flow parameter ``parameters.device`` (``auto``), resolved to the CPU on this
+machine; ``NIPFLOW_DEVICE=cuda`` in that worker's environment (what the pool's job
+variables used to set) changes nothing. A block asked for ``cuda`` explicitly fails at
+once, naming ``parameters.device`` and the pool, without a retry.
 """
 
 from __future__ import annotations
@@ -77,6 +86,12 @@ class Api:
     def flow_run(self, flow_run_id):
         with self._client() as client:
             return client.read_flow_run(flow_run_id)
+
+    def start(self, deployment_name: str, parameters: dict) -> str:
+        """Create a flow run of a deployment (what ``prefect deployment run`` does); its id."""
+        with self._client() as client:
+            deployment = client.read_deployment_by_name(deployment_name)
+            return str(client.create_flow_run_from_deployment(deployment.id, parameters=parameters).id)
 
     def state_history(self, flow_run_id) -> list[str]:
         """``TYPE/Name`` of every state the run has been in, oldest first."""
@@ -196,3 +211,77 @@ def test_suspended_run_survives_worker_kill_and_completes(prefect_server, worker
     assert {("0", g) for g in GROUPS} <= recorded
     assert {it for it, _ in recorded} == {str(it) for it in FINE_TUNED_ITERATIONS}
     assert all(j.status == "succeeded" for j in jobs)
+
+
+GI_RUN_ID = "gi-e2e"
+GI_ITERATIONS = 2
+
+
+def gi_parameters(tmp_path: Path, run_id: str, **fields) -> dict:
+    """A tiny real GI vanilla_ppo experiment, one RL block per iteration."""
+    from nip_core.parameters.agents import GraphIsomorphismAgentParameters
+
+    tiny = GraphIsomorphismAgentParameters.construct_test_params().model_dump(mode="json")
+    rl = {"frames_per_batch": 16, "num_iterations": GI_ITERATIONS, "num_epochs": 1, "minibatch_size": 8,
+          "num_test_iterations": 1, "num_normalization_steps": 3}
+    return {"scenario": "graph_isomorphism", "trainer": "vanilla_ppo", "protocol": "nip", "dataset": "test",
+            "run_id": run_id, "block_size": 1, "params": {"d_representation": 2, "agents": {"_default": tiny},
+                                                          "rl": rl},
+            "settings_overrides": {"data_dir": str(tmp_path / "data")}, **fields}
+
+
+def test_gi_deployment_trains_on_the_cpu_through_the_gpu_pool(prefect_server, workers, tmp_path):
+    import io
+
+    import torch
+
+    started = time.monotonic()
+    api = Api(prefect_server.api_url)
+    runs_dir = tmp_path / "runs"
+    worker_env = {"NIPFLOW_PROJECT_DIR": str(REPO), "NIPFLOW_RUNS_DIR": str(runs_dir),
+                  "PREFECT_WORKER_QUERY_SECONDS": "2"}
+
+    setup_and_deploy(prefect_server)
+    cpu = workers.start(tmp_path / "cpu", pool="nipflow-cpu", name="gi-cpu", env=worker_env)
+    # what the gpu pool's job variables used to set: it must not decide the device any more
+    gpu = workers.start(tmp_path / "gpu", pool="nipflow-gpu", name="gi-gpu",
+                        env={**worker_env, "NIPFLOW_DEVICE": "cuda"})
+    logs = [cpu.log, gpu.log]
+
+    flow_run_id = api.start("train_experiment/nip-gi-ppo", {"parameters": gi_parameters(tmp_path, GI_RUN_ID)})
+    wait_for(lambda: api.flow_run(flow_run_id).state.type.value in TERMINAL, "the GI run to finish", 400, logs,
+             interval=2)
+    finished_after = time.monotonic() - started
+    final = api.flow_run(flow_run_id)
+    assert final.state.type.value == "COMPLETED", f"{final.state.message}\n{api.state_log(flow_run_id)}"
+
+    # every block ran once, with the real trainer, on the gpu pool's worker, on the CPU
+    blocks = [r for r in api.runs_of("rl_iteration_block")
+              if r.parameters.get("spec", {}).get("settings", {}).get("run_id") == GI_RUN_ID]
+    assert sorted((r.name, r.run_count, r.state.type.value, r.work_pool_name) for r in blocks) == [
+        (f"rl-block-{i}[{i}:{i + 1}]", 1, "COMPLETED", "nipflow-gpu") for i in range(GI_ITERATIONS)]
+    assert {r.parameters["spec"]["settings"]["device"] for r in blocks} == {"auto"}  # resolved by each block
+    state = json.loads((runs_dir / GI_RUN_ID / "state.json").read_text())
+    assert state["iteration"] == GI_ITERATIONS
+    from nip_core.runs import RunStore
+
+    data, manifest = RunStore(str(runs_dir)).open_run(GI_RUN_ID).load_checkpoint_bytes(
+        f"iter_{GI_ITERATIONS:06d}")
+    assert manifest["iteration"] == GI_ITERATIONS
+    agents = torch.load(io.BytesIO(data), weights_only=False)["agents"]  # no map_location: as written
+    assert agents and {t.device.type for t in agents.values()} == {"cpu"}
+
+    # a block asked for CUDA explicitly fails at once on this host: no retry, nothing built
+    spec = {"params": blocks[0].parameters["spec"]["params"],
+            "settings": {**blocks[0].parameters["spec"]["settings"], "run_id": "gi-e2e-cuda", "device": "cuda"}}
+    cuda_run_id = api.start("rl_iteration_block/rl-block",
+                            {"spec": spec, "block": {"index": 0, "start": 0, "stop": 1}})
+    wait_for(lambda: api.flow_run(cuda_run_id).state.type.value in TERMINAL, "the cuda block to fail", 120, logs)
+    cuda_run = api.flow_run(cuda_run_id)
+    history = api.state_history(cuda_run_id)
+    print(f"\nGI run completed after {finished_after:.1f} s; cuda block: {cuda_run.state.message}")
+    assert cuda_run.state.type.value == "FAILED", history
+    assert "parameters.device is 'cuda' but " in cuda_run.state.message
+    assert "work pool 'nipflow-gpu'" in cuda_run.state.message
+    assert cuda_run.run_count == 0 and not any(h.startswith("RUNNING") for h in history), history
+    assert not (runs_dir / "gi-e2e-cuda").exists()

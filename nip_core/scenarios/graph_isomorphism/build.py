@@ -64,11 +64,14 @@ def build_graph_isomorphism(hyper_params, settings, *, trainer_type: str = "rl",
     instance.extras["combined_agents"] = agents
     instance.extras["use_critic"] = use_critic
     if trainer_type == "rl":
+        from nip_core.settings import resolve_device
+
+        device = resolve_device(settings.device)  # "auto" -> this host's device
         # Test datasets may be smaller than a batch; the env cycles over them anyway.
         instance.train_environment = GraphIsomorphismEnvironment(hyper_params, train_dataset, protocol_handler,
-                                                                 seed=hyper_params.seed, device=settings.device)
+                                                                 seed=hyper_params.seed, device=device)
         instance.test_environment = GraphIsomorphismEnvironment(hyper_params, test_dataset, protocol_handler,
-                                                                seed=hyper_params.seed + 1, device=settings.device)
+                                                                seed=hyper_params.seed + 1, device=device)
         instance.combined_policy_head = agents
         instance.combined_value_head = agents if use_critic else None
     return instance

@@ -85,7 +85,11 @@ def test_cuda_device_without_cuda_writes_no_cuda_state(tmp_path):
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """CUDA "available" with two devices whose RNG states are recorded, not set."""
+    """CUDA "available" with two devices whose RNG states are recorded, not set.
+
+    The trainers of these tests ask for ``device="cpu"``: with the default ``"auto"`` they
+    would resolve to the (fake) CUDA device and build their environments there.
+    """
     saved = [torch.arange(16, dtype=torch.uint8), torch.arange(16, 32, dtype=torch.uint8)]
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -98,14 +102,14 @@ def fake_cuda(monkeypatch):
 def test_cuda_rng_states_round_trip_through_the_checkpoint(tmp_path, fake_cuda):
     saved, restored = fake_cuda
     hp = tiny_params()
-    writer = make_trainer(hp, tmp_path)
+    writer = make_trainer(hp, tmp_path, device="cpu")
     writer.run_iterations(0, 1)
     writer.settings.device = "cuda"  # the state a CUDA trainer checkpoints
     writer.save_checkpoint()
     data, _ = writer.run.load_checkpoint_bytes("iter_000001")
     assert len(torch.load(io.BytesIO(data), weights_only=False)["rng"]["torch_cuda"]) == 2
 
-    reader = make_trainer(hp, tmp_path)
+    reader = make_trainer(hp, tmp_path, device="cpu")
     reader.restore_checkpoint(1)
     assert len(restored) == 1
     assert len(restored[0]) == 2
@@ -116,7 +120,7 @@ def test_cuda_rng_states_round_trip_through_the_checkpoint(tmp_path, fake_cuda):
 def test_cuda_rng_states_are_skipped_without_cuda(tmp_path, fake_cuda, monkeypatch, caplog):
     saved, restored = fake_cuda
     hp = tiny_params()
-    writer = make_trainer(hp, tmp_path)
+    writer = make_trainer(hp, tmp_path, device="cpu")
     writer.run_iterations(0, 1)
     writer.settings.device = "cuda"
     writer.save_checkpoint()
@@ -124,7 +128,7 @@ def test_cuda_rng_states_are_skipped_without_cuda(tmp_path, fake_cuda, monkeypat
 
     data, _ = writer.run.load_checkpoint_bytes("iter_000001")
     expected_cpu_state = torch.load(io.BytesIO(data), weights_only=False)["rng"]["torch"]
-    reader = make_trainer(hp, tmp_path)
+    reader = make_trainer(hp, tmp_path, device="cpu")
     assert not torch.equal(torch.get_rng_state(), expected_cpu_state)
     with caplog.at_level(logging.INFO, logger=tensordict_rl.__name__):
         reader.restore_checkpoint(1)
@@ -135,7 +139,7 @@ def test_cuda_rng_states_are_skipped_without_cuda(tmp_path, fake_cuda, monkeypat
 
 def test_extra_cuda_devices_of_the_writer_are_dropped(tmp_path, fake_cuda, monkeypatch):
     saved, restored = fake_cuda
-    trainer = make_trainer(tiny_params(), tmp_path)
+    trainer = make_trainer(tiny_params(), tmp_path, device="cpu")
     trainer.settings.device = "cuda"
     states = trainer.get_rng_states()
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # restored on a one-GPU host
