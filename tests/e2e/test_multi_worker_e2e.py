@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_e2e_processes import REPO, setup_and_deploy, wait_for
+from prefect_e2e_processes import REPO, Api, setup_and_deploy, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -66,39 +66,6 @@ def stop_workers_together(workers) -> None:
             worker.proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
-
-
-class Api:
-    """Prefect API reads through Prefect's sync client (the test process has no profile)."""
-
-    def __init__(self, api_url: str):
-        self.api_url = api_url
-
-    def client(self):
-        from prefect.client.orchestration import SyncPrefectClient
-
-        return SyncPrefectClient(self.api_url)
-
-    def start(self, deployment_name: str, parameters: dict) -> str:
-        with self.client() as client:
-            deployment = client.read_deployment_by_name(deployment_name)
-            return str(client.create_flow_run_from_deployment(deployment.id, parameters=parameters).id)
-
-    def flow_run(self, flow_run_id):
-        with self.client() as client:
-            return client.read_flow_run(flow_run_id)
-
-    def flow_runs(self, flow_name: str):
-        from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-
-        with self.client() as client:
-            return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
-
-    def task_runs(self, name_like: str):
-        from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
-
-        with self.client() as client:
-            return client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name_like)))
 
 
 def records(runs_dir: Path, run_id: str, event: str) -> list[dict]:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from prefect_e2e_processes import REPO, setup_and_deploy, wait_for
+from prefect_e2e_processes import REPO, Api, setup_and_deploy, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -55,37 +55,6 @@ REGISTER_FLOW_RESULTS = f"""
 from prefect.filesystems import RemoteFileSystem
 RemoteFileSystem(basepath={FLOW_RESULTS_URL!r}).save({FLOW_RESULTS_BLOCK!r}, overwrite=True)
 """
-
-
-class Api:
-    """Prefect API reads through Prefect's sync client (the test process has no profile)."""
-
-    def __init__(self, api_url: str):
-        self.api_url = api_url
-
-    def client(self):
-        from prefect.client.orchestration import SyncPrefectClient
-
-        return SyncPrefectClient(self.api_url)
-
-    def start(self, deployment_name: str, parameters: dict) -> str:
-        with self.client() as client:
-            deployment = client.read_deployment_by_name(deployment_name)
-            return str(client.create_flow_run_from_deployment(deployment.id, parameters=parameters).id)
-
-    def flow_run(self, flow_run_id):
-        with self.client() as client:
-            return client.read_flow_run(flow_run_id)
-
-    def flow_runs(self, flow_name: str):
-        from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-
-        with self.client() as client:
-            return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
-
-    def block_id(self, block_type: str, name: str) -> str:
-        with self.client() as client:
-            return str(client.read_block_document_by_name(name, block_type_slug=block_type).id)
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ short verifier conversations whose target reply is decided by a clue in the last
 
 from __future__ import annotations
 
-import json
 import random
-import time
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+from tests.nip_core.llm.llm_helpers import jsonl  # noqa: F401 - used by the engine tests
+from tests.nip_core.llm.llm_helpers import wait_for_job as _wait_for_job
+
 SYSTEM = "You are the verifier. Reply 'Decision: accept' or 'Decision: reject', or ask 'Question for Expert: ...'."
 CLUES = {
     "it is correct": "Decision: accept",
@@ -19,19 +19,9 @@ CLUES = {
 }
 
 
-def jsonl(examples) -> bytes:
-    return ("\n".join(json.dumps(e) for e in examples) + "\n").encode("utf-8")
-
-
 def wait_for_job(client, job_id: str, timeout: float = 300.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        job = client.fine_tuning.jobs.retrieve(job_id)
-        if job.status in TERMINAL:
-            return job
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} still {job.status} after {timeout} s")
-        time.sleep(0.1)
+    """Poll a job until it ends (TRL jobs on CPU get a longer default than the selection engine's)."""
+    return _wait_for_job(client, job_id, timeout)
 
 
 def snippet(rng: random.Random) -> str:
