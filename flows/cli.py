@@ -30,6 +30,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", choices=["auto", "on", "off"], default="auto")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="TensorDict trainers: checkpoint every N iterations (default 10)")
+    p.add_argument("--json", action="store_true",
+                   help="print only the result card, as JSON, on stdout (not the card and the run id)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,12 +53,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     resume = sub.add_parser("resume", help="continue a stopped or crashed run")
     resume.add_argument("run_id")
+    restore = resume.add_mutually_exclusive_group()
+    restore.add_argument("--from-wandb", nargs="?", const="", default=None, metavar="ENTITY/PROJECT/RUN_ID",
+                         help="first rebuild the lost run store entry from its W&B run's artifacts "
+                              "(default: the W&B run named RUN_ID in the project)")
+    restore.add_argument("--wandb-dir", metavar="PATH",
+                         help="first rebuild the lost run store entry from an offline W&B run directory "
+                              "(wandb/offline-run-...) or a directory holding them")
     _add_run_options(resume)
 
     status = sub.add_parser("status", help="where a run stands")
     status.add_argument("run_id")
     status.add_argument("--runs-dir")
     status.add_argument("--json", action="store_true")
+
+    evaluate = sub.add_parser("evaluate", help="test a graph-isomorphism run's final checkpoint on a dataset file")
+    evaluate.add_argument("run_id")
+    evaluate.add_argument("--dataset-file", required=True, metavar="PATH",
+                          help="data.pt in the original library's format or nipflow's")
+    evaluate.add_argument("--runs-dir")
+    evaluate.add_argument("--mode", choices=["pairs", "test_loop"], default="pairs",
+                          help="pairs: every pair once (default); test_loop: the trainer's own test loop")
+    evaluate.add_argument("--device", default="cpu", help="torch device (cpu, cuda, auto)")
+    evaluate.add_argument("--json", action="store_true", help="print only a JSON object")
 
     params = sub.add_parser("params", help="show or validate hyper-parameters")
     psub = params.add_subparsers(dest="params_command", required=True)
@@ -66,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--trainer")
     show.add_argument("--protocol")
     show.add_argument("--set", dest="overrides", action="append", default=[])
+    show.add_argument("--describe", action="store_true",
+                      help="one line per field: dotted.path: type = value  # description")
     validate = psub.add_parser("validate", help="validate a JSON parameter file")
     validate.add_argument("file")
     validate.add_argument("--set", dest="overrides", action="append", default=[])
@@ -75,8 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out")
     report.add_argument("--runs-dir")
 
-    api = sub.add_parser("api-server", help="the local OpenAI-compatible server", add_help=False)
+    api = sub.add_parser("api-server", help="the local OpenAI-compatible server (`api-server stop` stops one)",
+                         add_help=False)
     api.add_argument("args", nargs=argparse.REMAINDER)
+
+    ui = sub.add_parser("ui", help="the Prefect UI on the flow history of local runs (<runs_dir>/.prefect)")
+    ui.add_argument("--runs-dir", help="the local run store (default ./runs or $NIPFLOW_RUNS_DIR)")
+    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    ui.add_argument("--port", type=int, default=4200, metavar="P", help="API and UI port (default 4200)")
+
+    worker = sub.add_parser("worker", help="prefect worker start ARGS, stopped by one SIGTERM (docs/deployment.md)",
+                            add_help=False)
+    worker.add_argument("args", nargs=argparse.REMAINDER)
 
     prefect = sub.add_parser("prefect", help="Prefect set-up (work pools, limits, automations)")
     prefect_sub = prefect.add_subparsers(dest="prefect_command", required=True)
@@ -120,39 +151,124 @@ def cmd_run(args) -> int:
                          params_file=args.params, overrides=args.overrides)
     run_id = validate_run_id(args.run_id) if args.run_id else new_run_id(params)
     settings = _settings(args, run_id)
-    return _execute(params, settings, direct=args.direct)
+    return _execute(params, settings, direct=args.direct, as_json=args.json)
 
 
 def cmd_resume(args) -> int:
     from nip_core.runs import RunStore
 
     settings = _settings(args, args.run_id)
+    if args.from_wandb is not None or args.wandb_dir:
+        from nip_core.runs import validate_run_id
+        from nip_core.runs.wandb_restore import restore_from_offline_dir, restore_from_wandb
+
+        store = RunStore(settings.runs_dir)
+        validate_run_id(args.run_id)
+        if args.wandb_dir:
+            restored = restore_from_offline_dir(store, args.run_id, args.wandb_dir)
+        else:
+            project = settings.wandb_project or os.environ.get("WANDB_PROJECT") or "nipflow"
+            restored = restore_from_wandb(store, args.run_id, args.from_wandb or None, project=project)
+        print(f"nipflow: {restored.describe()}", file=sys.stderr)
     params = RunStore(settings.runs_dir).load_params(args.run_id)
-    return _execute(params, settings, direct=args.direct)
+    return _execute(params, settings, direct=args.direct, as_json=args.json)
 
 
-def _execute(params, settings, direct: bool) -> int:
-    if direct:
-        from nip_core.trainers import build_trainer
+def _execute(params, settings, direct: bool, as_json: bool = False) -> int:
+    """Train (in-process or through Prefect), then print the result card and the run id.
 
-        trainer = build_trainer(params, settings)
-        print(f"run {settings.run_id}: {trainer.run.location if trainer.run else '(not stored)'}",
-              file=sys.stderr)
-        try:
-            if trainer.run is not None:  # one driver per run: wait for (or take over) the lease
-                trainer.run.lock.acquire()
-                trainer.reload_state()
-            trainer.train()
-        finally:
-            if trainer.run is not None:
-                trainer.run.lock.release()
-            trainer.close()
-    else:
-        from flows.entry import run_through_prefect
+    The run id stays the last line on stdout (scripts read it); with ``as_json`` only the
+    card is printed, as JSON. A run that started training and then failed, was preempted
+    or interrupted prints its card too, with what happened, before ``main`` exits with
+    that error's status.
+    """
+    from nip_core.logging.result_card import outcome_of
 
-        run_through_prefect(params, settings)
-    print(settings.run_id)
+    before = _invocations(settings)
+    try:
+        if direct:
+            _train_direct(params, settings)
+        else:
+            from flows.entry import run_through_prefect
+
+            run_through_prefect(params, settings)
+    except BaseException as e:
+        if _invocations(settings) > before:  # it got as far as training
+            # A flow run recorded how it ended (more precisely than its FlowRunFailedError).
+            recorded = not direct and not isinstance(e, KeyboardInterrupt) and _latest_ended(settings)
+            _print_card(settings, as_json, *((None, None) if recorded else outcome_of(e)))
+        raise
+    _print_card(settings, as_json)
+    if not as_json:
+        print(settings.run_id)
     return 0
+
+
+def _train_direct(params, settings) -> None:
+    """``Trainer.train()`` in this process, holding the run's lease, recording the invocation."""
+    from nip_core.logging.result_card import begin_invocation, end_invocation, outcome_of
+    from nip_core.trainers import build_trainer
+
+    trainer = build_trainer(params, settings)
+    print(f"run {settings.run_id}: {trainer.run.location if trainer.run else '(not stored)'}",
+          file=sys.stderr)
+    index, outcome = None, ("completed", None)
+    try:
+        if trainer.run is not None:  # one driver per run: wait for (or take over) the lease
+            trainer.run.lock.acquire()
+            trainer.reload_state()
+            index = begin_invocation(trainer.run, "direct")
+        trainer.train()
+    except BaseException as e:
+        outcome = outcome_of(e)
+        raise
+    finally:
+        if index is not None:
+            end_invocation(trainer.run, index, *outcome)
+        if trainer.run is not None:
+            trainer.run.lock.release()
+        trainer.close()
+
+
+def _stored_run(settings):
+    from nip_core.runs import RunStore
+
+    store = RunStore(settings.runs_dir)
+    return store.open_run(settings.run_id) if store.exists(settings.run_id) else None
+
+
+def _invocations(settings) -> int:
+    """How many invocations the run has recorded (0 if it does not exist or cannot be read)."""
+    from nip_core.logging.result_card import invocation_count
+
+    try:
+        run = _stored_run(settings)
+        return invocation_count(run) if run is not None else 0
+    except (NipflowError, OSError, ValueError):
+        return 0
+
+
+def _latest_ended(settings) -> bool:
+    from nip_core.logging.result_card import latest_invocation
+
+    try:
+        run = _stored_run(settings)
+        return run is not None and "ended" in latest_invocation(run)
+    except (NipflowError, OSError, ValueError):
+        return False
+
+
+def _print_card(settings, as_json: bool, status: str | None = None, message: str | None = None) -> None:
+    from nip_core.logging.result_card import result_card
+
+    try:
+        run = _stored_run(settings)
+        card = result_card(run, status=status, message=message) if run is not None else None
+    except (NipflowError, OSError, ValueError) as e:  # the training's outcome stands
+        print(f"nipflow: warning: no result card for run {settings.run_id}: {e}", file=sys.stderr)
+        return
+    if card is not None:
+        print(card.to_json() if as_json else card.to_text(), flush=True)
 
 
 def cmd_status(args) -> int:
@@ -176,6 +292,11 @@ def cmd_params(args) -> int:
         raise UsageError("params show needs a FILE, or --scenario and --trainer")
     params = make_params(args.scenario, args.trainer, protocol=args.protocol, params_file=args.file,
                          overrides=args.overrides)
+    if args.describe:
+        from nip_core.parameters.describe import describe_lines
+
+        print("\n".join(describe_lines(params)))
+        return 0
     print(json.dumps(params.to_dict(), indent=2, sort_keys=True))
     return 0
 
@@ -189,10 +310,36 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_evaluate(args) -> int:
+    from nip_core.evaluation import evaluate_run, format_evaluation
+
+    result = evaluate_run(args.run_id, args.dataset_file, runs_dir=args.runs_dir, mode=args.mode,
+                          device=args.device)
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_evaluation(result))
+    return 0
+
+
 def cmd_api_server(args) -> int:
     from nip_core.llm.server.cli import main as api_main
 
     return api_main(args.args)
+
+
+def cmd_ui(args) -> int:
+    from flows.local_ui import serve_ui
+    from flows.prefect_pg_server import PrefectServerError
+    from nip_core.settings import default_runs_dir
+
+    try:
+        return serve_ui(args.runs_dir or default_runs_dir(), host=args.host, port=args.port)
+    except PrefectServerError as e:
+        raise UsageError(str(e)) from e
+
+
+def cmd_worker(args) -> int:
+    from flows.worker import run_worker
+
+    return run_worker(args.args)
 
 
 def cmd_prefect(args) -> int:
@@ -211,7 +358,8 @@ def cmd_prefect(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "resume": cmd_resume, "status": cmd_status, "params": cmd_params,
-            "report": cmd_report, "api-server": cmd_api_server, "prefect": cmd_prefect}
+            "report": cmd_report, "api-server": cmd_api_server, "prefect": cmd_prefect,
+            "evaluate": cmd_evaluate, "ui": cmd_ui, "worker": cmd_worker}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,6 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["api-server"]:
         return cmd_api_server(argparse.Namespace(args=argv[1:]))
+    if argv[:1] == ["worker"]:  # every option is prefect worker start's
+        return cmd_worker(argparse.Namespace(args=argv[1:]))
     args = parser.parse_args(argv)
     # A W&B service token inherited from a parent process (WANDB_SERVICE) would make this
     # process's runs live in the parent's W&B service: after a SIGKILL the run id stays
@@ -242,6 +392,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nipflow: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _release_llm_servers()
+
+
+def _release_llm_servers() -> None:
+    """Stop the local LLM servers this run started (success, failure or Ctrl-C alike)."""
+    launcher = sys.modules.get("nip_core.llm.launcher")  # not imported: no server was started
+    if launcher is not None:
+        launcher.release_local_servers()  # logs what it stopped
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@ It validates the parameters into ``HyperParameters``, opens (or resumes) the run
 run store, builds the trainer with :class:`~flows.observability.PrefectHooks`, and
 dispatches on the trainer's interface:
 
-* a pure-text trainer (``run_stage``/``next_stage``) runs the stage machine of
+* a pure-text trainer (``StagedTrainer`` of :mod:`nip_core.trainers.interfaces`) runs the stage machine of
   :mod:`flows.pure_text` in this flow run (a fine-tune wait may suspend it, which Prefect
   only allows for a top-level flow run, hence no subflow);
-* a TensorDict trainer (``run_iterations``) runs the GPU-tagged blocks of
+* a TensorDict trainer (``IterationTrainer``) runs the GPU-tagged blocks of
   :mod:`flows.tensordict`;
 * any other trainer runs ``train()`` as a single task.
 
@@ -133,10 +133,15 @@ def open_trainer(parameters: ExperimentParameters):
 
 
 def trainer_kind(trainer: Any) -> str:
-    """``"pure_text"``, ``"tensordict"`` or ``"plain"`` according to the trainer's methods."""
-    if callable(getattr(trainer, "run_stage", None)) and callable(getattr(trainer, "next_stage", None)):
+    """``"pure_text"``, ``"tensordict"`` or ``"plain"``: the interface the trainer implements.
+
+    See :mod:`nip_core.trainers.interfaces` (``StagedTrainer``, ``IterationTrainer``).
+    """
+    from nip_core.trainers.interfaces import IterationTrainer, StagedTrainer
+
+    if isinstance(trainer, StagedTrainer):
         return "pure_text"
-    if callable(getattr(trainer, "run_iterations", None)):
+    if isinstance(trainer, IterationTrainer):
         return "tensordict"
     return "plain"
 
@@ -161,11 +166,7 @@ def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any
         from flows.tensordict import run_tensordict
 
         return run_tensordict(trainer, parameters.block_size)
-    from flows.observability import write_summary
-
-    result = train_whole(trainer, trainer.run.run_id)
-    write_summary(trainer)
-    return result
+    return train_whole(trainer, trainer.run.run_id)
 
 
 @flow(name="train_experiment", persist_result=True)
@@ -177,10 +178,12 @@ def train_experiment(parameters: ExperimentParameters = ExperimentParameters()) 
     ``ParameterError`` naming ``parameters.scenario``/``parameters.trainer``.
     """
     from flows.leases import driving
+    from flows.observability import reporting
 
     trainer = open_trainer(parameters)
     try:
-        with driving(trainer):  # one driver per run, on any number of hosts
+        # one driver per run, on any number of hosts; the result card at the end, however it ends
+        with driving(trainer), reporting(trainer):
             result = run_trainer(trainer, parameters)
             from flows.retrain import experiment_name, mark_completed
 

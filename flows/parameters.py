@@ -6,23 +6,60 @@ child runs, never holds one: the validators reject them before a run starts, and
 JSON schema (``propertyNames``) makes a server that enforces deployment parameter schemas
 reject them before it stores the run. Flows take the key from the worker instead
 (:mod:`flows.secrets`).
+
+The form of ``train_experiment`` is typed throughout: scenario, trainer, protocol and
+dataset are enums built from the registries when this module is imported (so the UI
+shows dropdowns), the everyday knobs are typed fields, and ``params`` is the whole
+``HyperParameters`` tree as a nested form in which every field is optional
+(:func:`nip_core.parameters.partial.partial_model`); a plain dict still validates into it.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from flows.secrets import SECRET_SETTINGS_FIELDS, secret_parameter_error, with_secrets
 from nip_core.errors import NipflowError
 from nip_core.experiment import DEFAULT_DATASETS, new_run_id
-from nip_core.parameters import HyperParameters, ParameterError, apply_overrides
+from nip_core.parameters import HyperParameters, ParameterError, ScenarioType, apply_overrides
+from nip_core.parameters.partial import partial_model
+from nip_core.protocols import PROTOCOL_HANDLER_REGISTRY, get_protocol_handler_class  # registers them all
 from nip_core.runs import validate_run_id
+from nip_core.scenarios.code_validation.dataset import dataset_names as code_validation_dataset_names
+from nip_core.scenarios.graph_isomorphism.named_datasets import NAMED_DATASETS
 from nip_core.settings import AUTO_DEVICE, DEVICE_DESCRIPTION, ExperimentSettings, check_device_name
+from nip_core.trainers.registry import UnknownTrainerError, registered_trainer_names, trainer_kind
 
 WaitMode = Literal["auto", "poll", "suspend"]
+
+# -- the dropdowns of the form, built from the registries when this module is imported ----
+
+#: scenario names (those ``HyperParameters.scenario`` accepts)
+SCENARIO_NAMES: tuple[str, ...] = tuple(get_args(ScenarioType))
+#: registered trainers (importing the registry's catalogue registers the built-ins)
+TRAINER_NAMES: tuple[str, ...] = tuple(registered_trainer_names())
+#: registered interaction protocols (any scenario)
+PROTOCOL_NAMES: tuple[str, ...] = tuple(sorted({name for name, _ in PROTOCOL_HANDLER_REGISTRY}))
+#: scenario -> the datasets it can load by name
+DATASETS_BY_SCENARIO: dict[str, tuple[str, ...]] = {
+    "graph_isomorphism": tuple(sorted(NAMED_DATASETS)),
+    "code_validation": tuple(code_validation_dataset_names()),
+}
+#: every dataset of the form (the form cannot depend on the scenario chosen)
+DATASET_NAMES: tuple[str, ...] = tuple(sorted({n for names in DATASETS_BY_SCENARIO.values() for n in names}))
+
+ScenarioName = Literal[SCENARIO_NAMES]  # type: ignore[valid-type]
+TrainerName = Literal[TRAINER_NAMES]  # type: ignore[valid-type]
+ProtocolName = Literal[PROTOCOL_NAMES]  # type: ignore[valid-type]
+DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]
+
+#: every field of ``HyperParameters`` optional (nested groups too), same types and descriptions
+PartialHyperParameters = partial_model(HyperParameters)
+
+#: the block size of TensorDict trainers when the form leaves it alone
+DEFAULT_BLOCK_SIZE = 10
 
 # JSON schema of a settings mapping: names of secret fields are not allowed as keys.
 NO_SECRET_KEYS_SCHEMA = {"propertyNames": {"not": {"enum": sorted(SECRET_SETTINGS_FIELDS)}}}
@@ -55,30 +92,119 @@ def refuse_secret_overrides(overrides: list[str], path: str) -> list[str]:
     return overrides
 
 
+# -- the everyday knobs: where each goes in the HyperParameters tree ----------------------
+
+_KIND_LABELS = {"tensordict": "TensorDict trainers", "pure_text": "text trainers",
+                "solo": "the solo_agent trainer"}
+
+
+def _knob_target(knob: str, kind: str, scenario: str) -> tuple[str, ...] | str:
+    """The dotted path ``knob`` sets for a trainer of ``kind``, or why it does not apply."""
+    if knob == "seed":
+        return ("seed",)
+    if knob == "num_iterations":
+        return ("solo_agent", "num_epochs") if kind == "solo" else ("rl", "num_iterations")
+    if knob == "frames_per_batch":
+        return ("rl", "frames_per_batch") if kind == "tensordict" else "applies to TensorDict trainers only"
+    if knob == "rollouts_per_iteration":
+        return ("rl", "rollouts_per_iteration") if kind == "pure_text" else "applies to text trainers only"
+    raise KeyError(knob)  # pragma: no cover - every knob is listed above
+
+
+def _set_path(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        node = node.setdefault(part, {}) if child is None else child
+    node[path[-1]] = value
+
+
+def _set_model_name(data: dict[str, Any], knob: str, role: str, model_name: str) -> list[tuple[str, str]]:
+    """Set ``agents.<agent>.model_name`` of every agent of ``role`` (text agents only)."""
+    field = f"parameters.{knob}"
+    scenario = data["scenario"]
+    if scenario != "code_validation":
+        return [(field, f"applies to the code_validation scenario (text agents) only, not to '{scenario}'")]
+    protocol = data.get("interaction_protocol") or HyperParameters.model_fields["interaction_protocol"].default
+    try:
+        names = [a for a in get_protocol_handler_class(protocol, scenario).AGENTS if role in a]
+    except Exception as e:  # noqa: BLE001 - an unknown protocol, reported against the field
+        return [(field, f"cannot tell the agents of protocol '{protocol}': {e}")]
+    if not names:
+        return [(field, f"protocol '{protocol}' has no {role}")]
+    agents = data.setdefault("agents", {})
+    default = agents.get("_default") or {}
+    problems = []
+    for name in names:
+        # An agent not listed uses the "_default" entry: a new entry starts from a copy of it.
+        entry = agents.get(name)
+        entry = dict(entry) if isinstance(entry, dict) else dict(default)
+        if entry.get("kind") == "random":
+            problems.append((field, f"agent '{name}' is a random agent, which has no model"))
+            continue
+        entry["model_name"] = model_name
+        agents[name] = entry
+    return problems
+
+
 class ExperimentParameters(BaseModel):
     """What a user fills in to start (or continue) an experiment from the Prefect UI.
 
-    ``params`` is a full or partial ``HyperParameters`` tree; the scenario, trainer,
-    protocol and dataset fields and then each ``overrides`` entry (``rl.num_iterations=50``)
-    take precedence over it, as on the command line.
+    The hyper-parameters are built from three layers, each taking precedence over the one
+    before (as on the command line):
+
+    1. ``params``: any part of the ``HyperParameters`` tree, as a nested form (a plain
+       dict is accepted too);
+    2. the typed fields: ``scenario``, ``trainer``, ``protocol``, ``dataset`` and the
+       everyday knobs ``num_iterations``, ``seed``, ``frames_per_batch``,
+       ``rollouts_per_iteration``, ``prover_model`` and ``verifier_model``;
+    3. ``overrides``: dotted ``KEY=VALUE`` strings (``rl.num_iterations=50``).
+
+    A knob that does not apply to the chosen trainer or scenario (``frames_per_batch``
+    for a text trainer) is refused with an error naming it, as is a ``dataset`` that
+    the chosen scenario cannot load. ``block_size`` and ``device`` are run settings, not
+    hyper-parameters.
     """
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # inputs may hold a secret
 
-    scenario: Optional[Literal["graph_isomorphism", "code_validation"]] = None
-    trainer: Optional[str] = Field(None, description="vanilla_ppo, spg, reinforce, solo_agent, pure_text_ei, pure_text_malt")
-    protocol: Optional[str] = Field(None, description="nip, adp, debate, mnip, merlin_arthur, solo_verifier")
-    dataset: Optional[str] = None
-    params: dict[str, Any] = Field(default_factory=dict, description="HyperParameters as JSON (optional)")
-    overrides: list[str] = Field(default_factory=list, description="dotted overrides KEY=VALUE")
+    scenario: Optional[ScenarioName] = Field(None, description="the task the agents learn (graph isomorphism or "
+                                             "code validation); empty: params.scenario")
+    trainer: Optional[TrainerName] = Field(None, description="the training algorithm; TensorDict trainers "
+                                           "(vanilla_ppo, spg, reinforce) and solo_agent train graph "
+                                           "isomorphism, text trainers (pure_text_*) code validation")
+    protocol: Optional[ProtocolName] = Field(None, description="the interaction protocol (who speaks when, who "
+                                             "is paid for what); empty: params.interaction_protocol, else nip")
+    dataset: Optional[DatasetName] = Field(None, description="a named dataset of the chosen scenario (" + "; ".join(
+        f"{scenario}: {', '.join(names)}" for scenario, names in DATASETS_BY_SCENARIO.items())
+        + "); empty: the scenario's default")
+    num_iterations: Optional[int] = Field(None, ge=0, description="training iterations (rl.num_iterations; "
+                                          "solo_agent: solo_agent.num_epochs)")
+    seed: Optional[int] = Field(None, ge=0, lt=2**63, description="random seed of the experiment (seed)")
+    frames_per_batch: Optional[int] = Field(None, gt=0, description="TensorDict trainers: environment steps "
+                                            "collected per iteration (rl.frames_per_batch)")
+    rollouts_per_iteration: Optional[int] = Field(None, gt=0, description="text trainers: datapoints rolled out "
+                                                  "per iteration (rl.rollouts_per_iteration)")
+    prover_model: Optional[str] = Field(None, min_length=1, description="code validation: model name of every "
+                                        "prover of the protocol (agents.<prover>.model_name)")
+    verifier_model: Optional[str] = Field(None, min_length=1, description="code validation: model name of "
+                                          "the verifier (agents.verifier.model_name)")
+    params: PartialHyperParameters = Field(  # type: ignore[valid-type]
+        default_factory=PartialHyperParameters,
+        description="any HyperParameters fields (nested); the fields above and overrides take precedence")
+    overrides: list[str] = Field(default_factory=list, description="dotted overrides KEY=VALUE, applied last "
+                                 "(e.g. rl.lr=0.001)")
     run_id: Optional[str] = Field(None, description="continue this run (a new id is made when empty)")
     runs_dir: Optional[str] = Field(None, description="run store location: a path or an fsspec URL")
     device: str = Field(AUTO_DEVICE, description=DEVICE_DESCRIPTION)
-    use_wandb: bool = False
-    block_size: int = Field(10, gt=0, description="TensorDict trainers: iterations per GPU block")
+    use_wandb: bool = Field(False, description="log metrics to Weights & Biases")
+    block_size: int = Field(DEFAULT_BLOCK_SIZE, gt=0, description="TensorDict trainers: iterations per RL block "
+                            "flow run (one GPU task each)")
     wait_mode: WaitMode = Field("auto", description="fine-tune waits: poll in-process, or suspend the "
                                                     "flow run (auto: suspend when deployed)")
-    on_params_mismatch: Literal["refuse", "warn", "force"] = "refuse"
+    on_params_mismatch: Literal["refuse", "warn", "force"] = Field(
+        "refuse", description="when run_id exists with other hyper-parameters: refuse, warn and continue, "
+                              "or force the new ones")
     warm_start_from: Optional[str] = Field(None, description="run id whose final models to start from")
     settings_overrides: dict[str, Any] = Field(default_factory=dict, description="other ExperimentSettings fields "
                                                "(data_dir, openai_base_url, fine_tune_poll_interval_s ...); "
@@ -93,6 +219,24 @@ class ExperimentParameters(BaseModel):
         if isinstance(data, dict):
             refuse_secret_keys(data, "parameters")
         return data
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _legacy_params(cls, value: Any) -> Any:
+        # ``null`` is an empty tree; ``is_random: true`` (as HyperParameters accepts it)
+        # becomes ``kind: random``, which the partial agent models know.
+        if value is None:
+            return {}
+        if isinstance(value, dict) and isinstance(value.get("agents"), dict):
+            agents = {}
+            for name, agent in value["agents"].items():
+                if isinstance(agent, dict) and "is_random" in agent:
+                    agent = {k: v for k, v in agent.items() if k != "is_random"}
+                    if value["agents"][name]["is_random"]:
+                        agent.setdefault("kind", "random")
+                agents[name] = agent
+            value = {**value, "agents": agents}
+        return value
 
     @field_validator("settings_overrides")
     @classmethod
@@ -111,15 +255,17 @@ class ExperimentParameters(BaseModel):
         return check_device_name(value)
 
     def hyper_params(self) -> HyperParameters:
-        """Validate and build the ``HyperParameters``.
+        """Validate and build the ``HyperParameters`` (``params`` < typed fields < ``overrides``).
 
         Raises
         ------
         ParameterError
-            If a value is invalid, or if the scenario or the trainer is given neither as
-            a field (``parameters.scenario``) nor in ``params`` (an empty form).
+            If a value is invalid; if the scenario or the trainer is given neither as a
+            field (``parameters.scenario``) nor in ``params`` (an empty form); if the
+            dataset does not belong to the scenario; or if a knob does not apply to the
+            trainer or scenario (the error names ``parameters.<knob>``).
         """
-        data = json.loads(json.dumps(self.params))
+        data = self.params.model_dump(mode="json")
         for field, key in (("scenario", "scenario"), ("trainer", "trainer"),
                            ("protocol", "interaction_protocol"), ("dataset", "dataset")):
             if getattr(self, field):
@@ -130,7 +276,41 @@ class ExperimentParameters(BaseModel):
             raise ParameterError(missing, source="flow parameters")
         if "dataset" not in data and data.get("scenario") in DEFAULT_DATASETS:
             data["dataset"] = DEFAULT_DATASETS[data["scenario"]]
+        problems = self._apply_knobs(data)
+        if problems:
+            raise ParameterError(problems, source="flow parameters")
         return HyperParameters.from_dict(apply_overrides(data, self.overrides), source="flow parameters")
+
+    def _apply_knobs(self, data: dict[str, Any]) -> list[tuple[str, str]]:
+        """Set the typed knobs in ``data`` (in place); the problems with the ones that do not apply."""
+        scenario, trainer = data["scenario"], data["trainer"]
+        problems: list[tuple[str, str]] = []
+        valid = DATASETS_BY_SCENARIO.get(scenario)
+        if self.dataset is not None and valid is not None and self.dataset not in valid:
+            problems.append(("parameters.dataset", f"'{self.dataset}' is not a {scenario} dataset "
+                                                   f"(valid: {', '.join(valid)})"))
+        try:
+            kind = trainer_kind(trainer)
+        except UnknownTrainerError as e:
+            return problems + [("parameters.params.trainer", str(e))]
+        for knob in ("num_iterations", "seed", "frames_per_batch", "rollouts_per_iteration"):
+            value = getattr(self, knob)
+            if value is None:
+                continue
+            target = _knob_target(knob, kind, scenario)
+            if isinstance(target, str):
+                problems.append((f"parameters.{knob}", f"{target}, not to trainer '{trainer}' "
+                                                       f"({_KIND_LABELS[kind]})"))
+            else:
+                _set_path(data, target, value)
+        if self.block_size != DEFAULT_BLOCK_SIZE and kind != "tensordict":
+            problems.append(("parameters.block_size", f"applies to TensorDict trainers only, not to trainer "
+                                                      f"'{trainer}' ({_KIND_LABELS[kind]})"))
+        for knob, role in (("prover_model", "prover"), ("verifier_model", "verifier")):
+            value = getattr(self, knob)
+            if value is not None:
+                problems.extend(_set_model_name(data, knob, role, value))
+        return problems
 
     def settings(self, hyper_params: HyperParameters, flow_run_id: Optional[str] = None) -> ExperimentSettings:
         """The run-time settings; without ``run_id`` the run id derives from ``flow_run_id``.

@@ -91,18 +91,18 @@ def drive_stages(trainer: Any, *, suspend: bool = False) -> list[dict[str, Any]]
 def pure_text_training(parameters: ExperimentParameters) -> dict[str, Any]:
     """Train a pure-text trainer (EI, MALT) stage by stage; see the module docs."""
     from flows.experiment import open_trainer
+    from flows.observability import reporting
 
     trainer = open_trainer(parameters)
     try:
-        return run_pure_text(trainer, parameters.wait_mode)
+        with reporting(trainer):
+            return run_pure_text(trainer, parameters.wait_mode)
     finally:
         trainer.close()
 
 
 def run_pure_text(trainer: Any, wait_mode: WaitMode) -> dict[str, Any]:
-    from flows.observability import write_summary
-
+    """Drive the stage machine to ``done`` (the caller publishes the result card)."""
     summaries = drive_stages(trainer, suspend=should_suspend(wait_mode))
-    write_summary(trainer, summaries)
     return {"run_id": trainer.run.run_id, "iteration": int(trainer.state.iteration),
             "stages": len(summaries), "location": trainer.run.location}

@@ -104,8 +104,18 @@ def rl_iteration_block(spec: SpecParameter = None, block: BlockParameter = None)
         # half-trained models the failed attempt left in this process's trainer.
         forget_trainer(spec)
     trainer = trainer_from_spec(spec)
-    with driving(trainer, spec.lease):
+    with driving(trainer, spec.lease), _block_artifacts(trainer, block):
         return run_block_task(trainer, block)
+
+
+def _block_artifacts(trainer: Any, block: Block):
+    """A block publishes only its own rows (``<run>-block-<i>-metrics``), never the parent's keys."""
+    import contextlib
+
+    from flows.observability import PrefectHooks
+
+    hooks = getattr(trainer, "hooks", None)
+    return hooks.block_scope(block.index) if isinstance(hooks, PrefectHooks) else contextlib.nullcontext()
 
 
 def _dispatch_block(spec: RunSpec, block: Block, deployed: bool) -> dict[str, Any]:
@@ -132,12 +142,23 @@ def drive_blocks(trainer: Any, spec: RunSpec, block_size: int, dispatch: BlockDi
     """Run every block of ``trainer``'s run in order (finished blocks come back cached)."""
     from prefect.runtime import deployment
 
+    from flows.observability import PrefectHooks
+
     deployed = dispatch == "deployment" or (dispatch == "auto" and deployment.id is not None)
+    hooks = trainer.hooks if isinstance(getattr(trainer, "hooks", None), PrefectHooks) else None
+    if hooks is not None and hooks.run is None:
+        hooks.attach(trainer.run)
     results = []
     for block in plan_blocks(trainer.hyper_params.rl.num_iterations, block_size):
         results.append(_dispatch_block(spec, block, deployed))
         get_run_logger().info("run %s: block %d [%d:%d) done", spec.settings.get("run_id"),
                               block.index, block.start, block.stop)
+        if hooks is not None:  # the parent's one table of all iterations, from the run store
+            try:
+                hooks.publish_run(block.stop)
+            except Exception as e:  # noqa: BLE001 - observability must never stop training
+                get_run_logger().warning("could not update the Prefect artifacts of run %s: %s",
+                                         spec.settings.get("run_id"), e)
     return results
 
 
@@ -145,17 +166,18 @@ def drive_blocks(trainer: Any, spec: RunSpec, block_size: int, dispatch: BlockDi
 def tensordict_training(parameters: ExperimentParameters, dispatch: BlockDispatch = "auto") -> dict[str, Any]:
     """Train a TensorDict RL trainer block by block; then run its test loop."""
     from flows.experiment import open_trainer
+    from flows.observability import reporting
 
     trainer = open_trainer(parameters)
     try:
-        return run_tensordict(trainer, parameters.block_size, dispatch)
+        with reporting(trainer):
+            return run_tensordict(trainer, parameters.block_size, dispatch)
     finally:
         trainer.close()
 
 
 def run_tensordict(trainer: Any, block_size: int, dispatch: BlockDispatch = "auto") -> dict[str, Any]:
     from flows.experiment import remember_trainer
-    from flows.observability import write_summary
 
     # The device as asked ("auto"), not as this host resolved it: each block resolves it
     # on the host it runs on (TensorDict trainers keep the request in requested_device).
@@ -164,11 +186,11 @@ def run_tensordict(trainer: Any, block_size: int, dispatch: BlockDispatch = "aut
     spec = RunSpec.of(trainer.hyper_params, settings).model_copy(update={"lease": trainer.run.lock.claim()})
     remember_trainer(trainer)  # local subflows reuse this trainer instead of building another
     blocks = drive_blocks(trainer, spec, block_size, dispatch)
+    trainer.reload_state()  # the blocks may have trained in other processes (deployed)
     if callable(getattr(trainer, "run_test_loop", None)) or (
             callable(getattr(trainer, "test", None)) and trainer.hyper_params.rl.num_test_iterations > 0):
         from tasks.rl_block import run_test_loop_task
 
         run_test_loop_task(trainer, trainer.hyper_params.rl.num_iterations)
-    write_summary(trainer)
     return {"run_id": trainer.run.run_id, "blocks": len(blocks),
             "iteration": blocks[-1]["iteration"] if blocks else 0, "location": trainer.run.location}

@@ -100,8 +100,22 @@ def default_runs_dir() -> str:
     return os.environ.get("NIPFLOW_RUNS_DIR", "./runs")
 
 
+#: Environment variable naming the data directory (generated datasets, the API server's files).
+DATA_DIR_ENV = "NIPFLOW_DATA_DIR"
+
+
 def default_data_dir() -> str:
-    return os.environ.get("NIPFLOW_DATA_DIR", "./data")
+    """Where generated datasets are cached when nothing else is given.
+
+    ``$NIPFLOW_DATA_DIR`` if set, else the user cache: ``$XDG_CACHE_HOME/nipflow/data``
+    (``~/.cache/nipflow/data`` without ``XDG_CACHE_HOME``). The default does not depend
+    on the working directory, so runs started anywhere share one cache.
+    """
+    explicit = os.environ.get(DATA_DIR_ENV)
+    if explicit:
+        return explicit
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(cache) / "nipflow" / "data")
 
 
 class ExperimentSettings(BaseModel):

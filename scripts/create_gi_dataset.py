@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="train", help="split name (default: train)")
     parser.add_argument(
         "--data-dir", type=Path, default=None,
-        help="data directory (default: $NIPFLOW_DATA_DIR or ./data)",
+        help="data directory (default: $NIPFLOW_DATA_DIR, else ~/.cache/nipflow/data)",
     )
     parser.add_argument(
         "--graph-sizes", type=int, nargs="+", default=None,

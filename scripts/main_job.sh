@@ -7,4 +7,4 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export WANDB_MODE="${WANDB_MODE:-offline}" RL_WARNINGS=0
 exec .venv/bin/nipflow run graph_isomorphism vanilla_ppo --protocol nip \
-  --params configs/gi_nip_ppo_small.json "$@"
+  --params configs/gi_nip_ppo_main.json "$@"

@@ -16,36 +16,27 @@ from typing import Any
 
 from prefect import Task, task
 
+from nip_core.trainers.interfaces import RecoverableStagedTrainer, StagedTrainer
+from nip_core.trainers.stage_machine import STAGE_ORDER, Stage, stage_position
 from tasks.persistence import task_options_for
 
-try:  # the pure-text trainers' stage table, when present
-    from nip_core.trainers.stages import STAGE_ORDER
-except ImportError:  # pragma: no cover - until the pure-text trainers land
-    STAGE_ORDER = ("sample_rollouts", "log_stats", "test_during_training", "create_fine_tune_jobs",
-                   "await_fine_tune_jobs", "test", "done")
-
-STAGES: tuple[str, ...] = tuple(s for s in STAGE_ORDER if s != "done")
+#: The stages that have a task (every stage but ``done``), in diagram order.
+STAGES: tuple[Stage, ...] = tuple(s for s in STAGE_ORDER if s is not Stage.DONE)
 
 
-def refresh_state(trainer: Any) -> None:
+def refresh_state(trainer: StagedTrainer) -> None:
     """Reload the trainer's state from the run store (no-op without a stored state)."""
-    run = getattr(trainer, "run", None)
-    if run is not None and run.has_state():
-        trainer.state = run.load_state(trainer.State)
+    if trainer.run is not None and trainer.run.has_state():
+        trainer.state = trainer.run.load_state(trainer.State)
 
 
-def stage_position(iteration: int, stage: str) -> tuple[int, int]:
-    """Order of stages: by iteration, then by the stage diagram (``done`` last)."""
-    return (iteration, STAGE_ORDER.index(stage))
-
-
-def initial_position(trainer: Any) -> tuple[int, str]:
+def initial_position(trainer: StagedTrainer) -> tuple[int, str]:
     """Where a fresh run of ``trainer`` starts in the stage diagram."""
     fresh = trainer.State()
-    return fresh.iteration, getattr(fresh, "train_loop_stage", STAGES[0])
+    return fresh.iteration, str(fresh.train_loop_stage)
 
 
-def execute_stage(trainer: Any, stage: str, iteration: int) -> dict[str, Any]:
+def execute_stage(trainer: StagedTrainer, stage: str, iteration: int) -> dict[str, Any]:
     """Run ``stage`` of ``iteration`` unless the stored state shows it done.
 
     Returns the stage summary (``iteration``, ``stage``, ``next_iteration``,
@@ -54,20 +45,18 @@ def execute_stage(trainer: Any, stage: str, iteration: int) -> dict[str, Any]:
     refresh_state(trainer)
     current = trainer.next_stage()
     if stage_position(*current) > stage_position(iteration, stage):
-        stored = getattr(trainer, "stored_stage_summary", None)
-        summary = (stored(iteration, stage) if callable(stored) else None) or {
-            "iteration": iteration, "stage": stage, "next_iteration": current[0], "next_stage": current[1]}
+        stored = trainer.stored_stage_summary(iteration, stage) if isinstance(trainer, RecoverableStagedTrainer) \
+            else None
+        summary = stored or {"iteration": iteration, "stage": str(stage), "next_iteration": int(current[0]),
+                             "next_stage": str(current[1])}
         return {**summary, "recovered_from_state": True}
     # A stage ahead of the state is refused by run_stage (StageOrderError).
-    summary = dict(trainer.run_stage(stage))
-    summary.setdefault("iteration", iteration)
-    summary.setdefault("stage", stage)
-    if "next_stage" not in summary:
-        summary["next_iteration"], summary["next_stage"] = trainer.next_stage()
-    return summary
+    return dict(trainer.run_stage(stage))
 
 
-def _make_stage_task(stage: str) -> Task:
+def _make_stage_task(stage: Stage) -> Task:
+    stage = stage.value
+
     def run(trainer: Any, iteration: int) -> dict[str, Any]:
         return execute_stage(trainer, stage, iteration)
 
@@ -78,7 +67,7 @@ def _make_stage_task(stage: str) -> Task:
                 retries=0)
 
 
-STAGE_TASKS: dict[str, Task] = {stage: _make_stage_task(stage) for stage in STAGES}
+STAGE_TASKS: dict[Stage, Task] = {stage: _make_stage_task(stage) for stage in STAGES}
 sample_rollouts = STAGE_TASKS["sample_rollouts"]
 log_stats = STAGE_TASKS["log_stats"]
 test_during_training = STAGE_TASKS["test_during_training"]
@@ -91,11 +80,12 @@ def _stage_key(stage: str):
     return lambda inputs: (f"it{inputs['iteration']}", stage)
 
 
-def run_stage_task(trainer: Any, stage: str, iteration: int, *, return_state: bool = False):
+def run_stage_task(trainer: StagedTrainer, stage: str, iteration: int, *, return_state: bool = False):
     """Call the task of ``stage`` for ``trainer`` with its run-keyed cache and storage.
 
     Must be called inside a flow run. With ``return_state=True`` the Prefect state is
     returned (``state.name == "Cached"`` when the stage was not executed).
     """
-    bound = STAGE_TASKS[stage].with_options(**task_options_for(trainer, _stage_key(stage)))
+    stage = Stage(stage).value
+    bound = STAGE_TASKS[Stage(stage)].with_options(**task_options_for(trainer, _stage_key(stage)))
     return bound(trainer, iteration, return_state=return_state)

@@ -87,3 +87,65 @@ def test_usage_errors_exit_2(argv):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
+
+
+# -- nipflow evaluate --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def evaluated_run(tmp_path_factory):
+    """A tiny GI run (graphs of at most 6 nodes) and original-format files, one of 7-9-node graphs."""
+    import torch
+
+    from tests.nip_core.evaluation_helpers import train_tiny_run, write_files
+
+    root = tmp_path_factory.mktemp("evaluate")
+    files = write_files(root / "files")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_tiny_run(root / "runs", files, run_id="gi")
+    finally:
+        torch.set_num_threads(threads)
+    return root / "runs", files
+
+
+def test_evaluate_prints_a_table_then_the_accuracy_line(evaluated_run, capsys):
+    import re
+
+    from nip_core.evaluation import evaluate_run
+    from tests.nip_core.evaluation_helpers import NUM_BIG_PAIRS
+
+    runs_dir, files = evaluated_run
+    argv = ["evaluate", "gi", "--dataset-file", str(files["big"]), "--runs-dir", str(runs_dir)]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    match = re.fullmatch(r"test_accuracy=([0-9.e-]+) n=(\d+)", lines[-1])
+    assert match and int(match.group(2)) == NUM_BIG_PAIRS
+    expected = evaluate_run("gi", files["big"], runs_dir=str(runs_dir))
+    assert float(match.group(1)) == expected["test_accuracy"]
+    assert any(line.split()[:1] == ["test_num_episodes"] for line in lines[:-1])
+    assert main([*argv, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)  # only JSON on stdout
+    assert shown["n"] == NUM_BIG_PAIRS and shown["test_accuracy"] == expected["test_accuracy"]
+    assert shown["stats"] == expected["stats"]
+
+
+def test_evaluate_errors_exit_2_naming_the_run_or_file(evaluated_run, tmp_path, capsys):
+    import torch
+
+    from nip_core.scenarios.graph_isomorphism.raw_data import load_raw
+
+    runs_dir, files = evaluated_run
+    out = run_cli("evaluate", "nope", "--dataset-file", str(files["big"]), "--runs-dir", str(runs_dir))
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and out.stdout == "" and len(lines) == 1 and "run 'nope' not found" in lines[0]
+    missing = tmp_path / "missing.pt"
+    assert main(["evaluate", "gi", "--dataset-file", str(missing), "--runs-dir", str(runs_dir)]) == 2
+    assert f"{missing}: raw data file does not exist" in capsys.readouterr().err
+    data = load_raw(files["big"])
+    del data["wl_scores"]
+    torch.save(data, tmp_path / "bad.pt")
+    assert main(["evaluate", "gi", "--dataset-file", str(tmp_path / "bad.pt"), "--runs-dir", str(runs_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.pt: missing keys ['wl_scores']" in err and "Traceback" not in err

@@ -69,9 +69,14 @@ def test_killed_run_resumes_with_one_wandb_run_and_no_duplicates(tmp_path):
     steps = [row["_step"] for r in wandb_runs for row in r["history"] if "mean_accuracy" in row]
     assert len(steps) == len(set(steps))  # no step logged twice to W&B
     assert wandb_runs[-1]["config"]["rl"]["num_iterations"] == 8  # the killed file may lack its run record
-    artifacts = [a for r in wandb_runs for a in r["artifacts"]]  # one checkpoint version per iteration
-    assert {(a["name"], a["type"]) for a in artifacts} == {("checkpoint_trk", "checkpoint")}
-    assert ["iter_000008.json", "iter_000008.pt"] in [a["files"] for a in wandb_runs[-1]["artifacts"]]
+    # One checkpoint version per checkpoint, each followed by a state version (what a
+    # W&B restore needs); entries are named by their run-store path.
+    artifacts = [a for r in wandb_runs for a in r["artifacts"]]
+    assert {(a["name"], a["type"]) for a in artifacts} == {("checkpoint_trk", "checkpoint"), ("state_trk", "state")}
+    kinds = [a["type"] for a in artifacts]
+    assert kinds[0::2] == ["checkpoint"] * (len(kinds) // 2) and kinds[1::2] == ["state"] * (len(kinds) // 2)
+    assert ["checkpoints/iter_000008.json", "checkpoints/iter_000008.pt"] in [a["files"] for a in artifacts]
+    assert {"state.json", "hyper_params.json", "metadata.json"} <= set(artifacts[-1]["files"])
 
     for path in (runs / "trk").rglob("*"):
         if path.is_file():

@@ -204,14 +204,17 @@ class TensorDictEnvironment(EnvBase):
         out.update(self.done_spec.zero())
         n = int(reset_mask.sum())
         if n > 0:
-            rows = reset_mask.nonzero().squeeze(-1)
+            # The dataset, the data cycler and the seed generator live on the CPU; what they
+            # give is moved to the device of the observation (CUDA environments).
+            device = out["seed"].device
+            rows = reset_mask.nonzero().squeeze(-1).to(device)
             indices = self.cycler.next_indices(n)
             data = gather_datapoints(self.dataset, indices)
-            out["seed"][rows] = torch.randint(0, SEED_RANGE, (n,), generator=self.rng)
-            out["y"][rows] = data["y"].reshape(n).long()
-            out["datapoint_id"][rows] = indices
+            out["seed"][rows] = torch.randint(0, SEED_RANGE, (n,), generator=self.rng).to(device)
+            out["y"][rows] = data["y"].reshape(n).to(device, torch.long)
+            out["datapoint_id"][rows] = indices.to(device)
             for key in self.datapoint_keys:
-                out[key][rows] = data[key].to(out[key].dtype)
+                out[key][rows] = data[key].to(device, out[key].dtype)
         return out.to(self.device) if self.device is not None else out
 
     # -- step --------------------------------------------------------------------------------

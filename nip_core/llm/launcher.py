@@ -1,12 +1,21 @@
-"""Start the local OpenAI-compatible server as a subprocess, or reuse a running one."""
+"""Start the local OpenAI-compatible server as a subprocess, or reuse a running one.
+
+A server that :func:`ensure_local_server` starts for runs is stopped when the last run
+using it ends (:func:`release_local_servers`); one that was running before is left alone.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,12 +26,15 @@ from typing import Any
 import openai
 
 import nip_core
-from nip_core.utils.fileio import pid_alive
+from nip_core.utils.fileio import atomic_write_bytes, pid_alive
 from nip_core.llm.client import make_openai_client
 from nip_core.llm.errors import LocalServerError
 from nip_core.llm.server.cli import EXIT_LOCKED, read_server_file
 from nip_core.llm.server.config import API_KEY_ENV, ENGINE_OPTIONS
+from nip_core.llm.server.control import terminate_pid
 from nip_core.llm.server.faults import FaultConfig
+
+logger = logging.getLogger(__name__)
 
 LOG_FILE = "server.log"
 _REPO_ROOT = Path(nip_core.__file__).resolve().parent.parent
@@ -255,6 +267,103 @@ class LocalApiServer:
         return self._admin("GET")
 
 
+#: Under a server's data directory: the processes using a server that runs started.
+CLIENTS_DIR = "clients"
+#: Written by the process that started a server for runs: ``{"server_pid", "started_by"}``.
+AUTOSTARTED_FILE = "autostarted.json"
+_USE_LOCK = "clients.lock"
+
+# Data directories this process uses through ensure_local_server, with the server it
+# started itself (None: it found one running).
+_in_use: dict[Path, LocalApiServer | None] = {}
+_in_use_guard = threading.Lock()
+_atexit_registered = False
+
+
+@contextlib.contextmanager
+def _use_lock(data_dir: Path):
+    """Exclusive across processes: starting, joining and leaving a data directory's server."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / _USE_LOCK, "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _client_file(data_dir: Path, pid: int) -> Path:
+    return data_dir / CLIENTS_DIR / f"{pid}.pid"
+
+
+def _live_clients(data_dir: Path) -> list[int]:
+    """Pids of live processes using the server; files of dead ones are removed."""
+    live = []
+    for path in sorted((data_dir / CLIENTS_DIR).glob("*.pid")):
+        try:
+            pid = int(path.stem)
+        except ValueError:
+            continue
+        if pid_alive(pid):
+            live.append(pid)
+        else:
+            path.unlink(missing_ok=True)
+    return live
+
+
+def _register_use(data_dir: Path, started: LocalApiServer | None) -> None:
+    global _atexit_registered
+    path = _client_file(data_dir, os.getpid())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(os.getpid()))
+    with _in_use_guard:
+        if _in_use.get(data_dir) is None:
+            _in_use[data_dir] = started
+        if not _atexit_registered:
+            atexit.register(release_local_servers)
+            _atexit_registered = True
+
+
+def _autostarted_pid(data_dir: Path) -> int | None:
+    try:
+        return int(json.loads((data_dir / AUTOSTARTED_FILE).read_text())["server_pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def release_local_servers(timeout: float = 20.0) -> list[str]:
+    """Leave every server this process joined through :func:`ensure_local_server`.
+
+    A server that a run started (not one that was running before) is stopped — SIGTERM,
+    then SIGKILL after ``timeout`` — once no other live process uses it; a server that
+    was already running is left alone. Called at the end of ``nipflow run``/``resume``
+    and, for any other process, at exit. Returns the data directories whose server was
+    stopped.
+    """
+    with _in_use_guard:
+        items = list(_in_use.items())
+        _in_use.clear()
+    stopped = []
+    for data_dir, started in items:
+        with _use_lock(data_dir):
+            _client_file(data_dir, os.getpid()).unlink(missing_ok=True)
+            record = read_server_file(data_dir) or {}
+            server_pid = int(record.get("pid", -1))
+            ours = started is not None and started.pid == server_pid
+            if _autostarted_pid(data_dir) != server_pid and not ours:
+                continue  # running before any run used it: not ours to stop
+            if _live_clients(data_dir):
+                continue  # another run still uses it: the last one stops it
+            if ours:
+                started.stop(timeout)
+            elif pid_alive(server_pid):
+                terminate_pid(server_pid, timeout)
+            (data_dir / AUTOSTARTED_FILE).unlink(missing_ok=True)
+            logger.info("stopped the local API server of %s (pid %s), started for runs", data_dir, server_pid)
+            stopped.append(str(data_dir))
+    return stopped
+
+
 def ensure_local_server(
     data_dir: Path,
     *,
@@ -267,9 +376,13 @@ def ensure_local_server(
 
     A server records ``server.json`` (pid, port) in its data directory; if that process
     is alive and its ``/health`` names the same directory it is reused. Otherwise a
-    server is started in its own session (it outlives the caller; stop it with SIGTERM
-    to the recorded pid). Two callers racing are safe: the data-directory lock lets one
-    server win and the other caller reuses it.
+    server is started in its own session (so that Ctrl-C of the run does not hit it) and
+    marked as started for runs (``autostarted.json``). Every process that calls this is
+    recorded as a user (``clients/<pid>.pid``) until :func:`release_local_servers`
+    (called at the end of ``nipflow run`` and at exit): the last user of a server that a
+    run started stops it; a server that was running before is left alone (stop it with
+    ``nipflow api-server stop``). Starting and joining happen under a lock of the
+    directory, so two callers racing share one server.
     """
     data_dir = Path(data_dir).absolute()
 
@@ -279,22 +392,31 @@ def ensure_local_server(
             return info["base_url"]
         return None
 
-    found = running()
-    if found:
-        return found
-    server = LocalApiServer(
-        data_dir, host=host, job_time_scale=job_time_scale, api_key=api_key,
-        startup_timeout=startup_timeout, detached=True,
-    )
-    try:
-        return server.start().base_url
-    except LocalServerError as exc:
-        if getattr(exc, "exit_code", None) != EXIT_LOCKED:
-            raise
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
+    with _use_lock(data_dir):
         found = running()
         if found:
+            _register_use(data_dir, None)
             return found
-        time.sleep(0.1)
+        server = LocalApiServer(
+            data_dir, host=host, job_time_scale=job_time_scale, api_key=api_key,
+            startup_timeout=startup_timeout, detached=True,
+        )
+        try:
+            url = server.start().base_url
+        except LocalServerError as exc:
+            if getattr(exc, "exit_code", None) != EXIT_LOCKED:
+                raise
+        else:
+            atomic_write_bytes(data_dir / AUTOSTARTED_FILE,
+                               json.dumps({"server_pid": server.pid, "started_by": os.getpid()}).encode("utf-8"))
+            _register_use(data_dir, server)
+            return url
+        # a server started outside this lock (nipflow api-server) holds the directory
+        deadline = time.monotonic() + startup_timeout
+        while time.monotonic() < deadline:
+            found = running()
+            if found:
+                _register_use(data_dir, None)
+                return found
+            time.sleep(0.1)
     raise LocalServerError(str(data_dir), "another server holds the data directory but does not answer")

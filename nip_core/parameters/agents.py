@@ -20,8 +20,10 @@ ActivationFunction = Literal["relu", "tanh", "sigmoid"]
 class LrFactors(ParamsModel):
     """Multipliers of a learning rate for the actor and the critic parts."""
 
-    actor: float = Field(1.0, ge=0.0)
-    critic: float = Field(1.0, ge=0.0)
+    actor: float = Field(1.0, ge=0.0, description="Multiplier (>= 0) of the learning rate of the actor "
+                                                  "(policy) parameters; 0 freezes them.")
+    critic: float = Field(1.0, ge=0.0, description="Multiplier (>= 0) of the learning rate of the critic "
+                                                   "(value) parameters; 0 freezes them.")
 
 
 # --- update schedules ------------------------------------------------------------------
@@ -30,7 +32,8 @@ class LrFactors(ParamsModel):
 class ConstantUpdateSchedule(ParamsModel):
     """The agent is updated every iteration."""
 
-    kind: Literal["constant"] = "constant"
+    kind: Literal["constant"] = Field("constant", description="Schedule type: 'constant' updates the agent "
+                                                              "in every iteration.")
 
     def is_active(self, iteration: int) -> bool:
         return True
@@ -39,10 +42,14 @@ class ConstantUpdateSchedule(ParamsModel):
 class ContiguousPeriodicUpdateSchedule(ParamsModel):
     """Update iff ``start <= iteration mod period < stop``."""
 
-    kind: Literal["contiguous_periodic"] = "contiguous_periodic"
-    period: int = Field(..., gt=0)
-    start: int = Field(0, ge=0)
-    stop: int
+    kind: Literal["contiguous_periodic"] = Field(
+        "contiguous_periodic", description="Schedule type: 'contiguous_periodic' updates the agent in one "
+                                           "window of each period.")
+    period: int = Field(..., gt=0, description="Length of the cycle, in iterations (> 0).")
+    start: int = Field(0, ge=0, description="First iteration of the update window in each cycle (iteration "
+                                            "modulo period).")
+    stop: int = Field(..., description="End of the update window in each cycle, exclusive; 0 <= start <= "
+                                       "stop <= period.")
 
     @model_validator(mode="after")
     def _check_window(self) -> "ContiguousPeriodicUpdateSchedule":
@@ -57,10 +64,16 @@ class ContiguousPeriodicUpdateSchedule(ParamsModel):
 class AlternatingPeriodicUpdateSchedule(ParamsModel):
     """Two agents alternate: the first for ``first_agent_num_rounds`` iterations of each period."""
 
-    kind: Literal["alternating_periodic"] = "alternating_periodic"
-    period: int = Field(..., gt=0)
-    first_agent_num_rounds: int = Field(..., ge=0)
-    first_agent: bool = True
+    kind: Literal["alternating_periodic"] = Field(
+        "alternating_periodic", description="Schedule type: 'alternating_periodic' alternates updates "
+                                            "between two agents.")
+    period: int = Field(..., gt=0, description="Length of the cycle shared by the two agents, in iterations "
+                                               "(> 0).")
+    first_agent_num_rounds: int = Field(
+        ..., ge=0, description="Iterations at the start of each cycle in which the first agent is updated "
+                               "(0 to period); the second agent is updated in the rest.")
+    first_agent: bool = Field(True, description="True: this agent is updated at the start of each cycle; "
+                                                "False: in the rest of it.")
 
     @model_validator(mode="after")
     def _check_rounds(self) -> "AlternatingPeriodicUpdateSchedule":
@@ -85,16 +98,40 @@ UpdateSchedule = Annotated[
 class AgentParameters(ParamsModel):
     """Parameters common to every agent."""
 
-    agent_lr_factor: LrFactors = Field(default_factory=LrFactors)
-    body_lr_factor: LrFactors = Field(default_factory=LrFactors)
-    update_schedule: UpdateSchedule = Field(default_factory=ConstantUpdateSchedule)
-    use_manual_architecture: bool = False
-    normalize_message_history: bool = False
-    load_checkpoint_and_parameters: bool = False
-    checkpoint_run_id: str | None = None
-    checkpoint_version: str = "latest"
-    use_orthogonal_initialisation: bool = True
-    orthogonal_initialisation_gain: float = 1.0
+    agent_lr_factor: LrFactors = Field(
+        default_factory=LrFactors, description="Multipliers (actor, critic) of the trainer's learning rate "
+                                               "for all of this agent's parameters (TensorDict trainers).")
+    body_lr_factor: LrFactors = Field(
+        default_factory=LrFactors, description="Further multipliers (actor, critic) of the learning rate of "
+                                               "the agent's body, on top of agent_lr_factor (ignored by "
+                                               "solo_agent.body_lr_factor_override).")
+    update_schedule: UpdateSchedule = Field(
+        default_factory=ConstantUpdateSchedule, description="In which iterations a TensorDict trainer "
+                                                            "updates this agent (constant: every one); in "
+                                                            "the others its parameters stay as they are.")
+    use_manual_architecture: bool = Field(False, description="Use a hand-written agent instead of the "
+                                                             "learned one; not read by nipflow (kept so "
+                                                             "that the original library's parameter files "
+                                                             "load).")
+    normalize_message_history: bool = Field(
+        False, description="Normalise the message history fed to the agent; not read by nipflow (kept so "
+                           "that the original library's parameter files load).")
+    load_checkpoint_and_parameters: bool = Field(
+        False, description="Load the agent from a checkpoint of another run; not read by nipflow (kept so "
+                           "that the original library's parameter files load); warm starts use the flows' "
+                           "warm_start_from.")
+    checkpoint_run_id: str | None = Field(None, description="Run to load the agent's checkpoint from (with "
+                                                            "load_checkpoint_and_parameters); not read by "
+                                                            "nipflow (kept so that the original library's "
+                                                            "parameter files load).")
+    checkpoint_version: str = Field("latest", description="Checkpoint version to load ('latest' or a "
+                                                          "version tag); not read by nipflow (kept so that "
+                                                          "the original library's parameter files load).")
+    use_orthogonal_initialisation: bool = Field(
+        True, description="Initialise the agent's linear layers orthogonally (graph-isomorphism agents); "
+                          "False keeps PyTorch's default initialisation.")
+    orthogonal_initialisation_gain: float = Field(
+        1.0, description="Gain of the orthogonal initialisation (with use_orthogonal_initialisation).")
 
     @property
     def is_random(self) -> bool:
@@ -104,7 +141,8 @@ class AgentParameters(ParamsModel):
 class RandomAgentParameters(AgentParameters):
     """An agent that acts uniformly at random and is never trained."""
 
-    kind: Literal["random"] = "random"
+    kind: Literal["random"] = Field("random", description="Agent type: 'random' acts uniformly at random "
+                                                          "and is never trained (is_random: true sets it).")
 
     @property
     def is_random(self) -> bool:
@@ -114,32 +152,58 @@ class RandomAgentParameters(AgentParameters):
 class GraphIsomorphismAgentParameters(AgentParameters):
     """Architecture of a graph-isomorphism agent (GNN body, transformer, heads)."""
 
-    kind: Literal["graph_isomorphism"] = "graph_isomorphism"
-    activation_function: ActivationFunction = "tanh"
-    num_gnn_layers: int = Field(5, ge=0)
-    d_gnn: int = Field(16, gt=0)
-    d_gin_mlp: int = Field(64, gt=0)
-    gnn_output_digits: int | None = None
-    use_dual_gnn: bool = True
-    num_heads: int = Field(4, gt=0)
-    num_transformer_layers: int = Field(4, ge=0)
-    d_transformer: int = Field(16, gt=0)
-    d_transformer_mlp: int = Field(64, gt=0)
-    transformer_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    d_node_selector: int = Field(16, gt=0)
-    num_node_selector_layers: int = Field(2, ge=1)
-    d_decider: int = Field(16, gt=0)
-    num_decider_layers: int = Field(2, ge=1)
-    include_round_in_decider: bool = True
-    d_linear_message_selector: int = Field(16, gt=0)
-    num_linear_message_selector_layers: int = Field(2, ge=1)
-    d_value: int = Field(16, gt=0)
-    num_value_layers: int = Field(2, ge=1)
-    include_round_in_value: bool = True
-    use_batch_norm: bool = True
-    noise_sigma: float = Field(0.0, ge=0.0)
-    use_pair_invariant_pooling: bool = True
-    gnn_lr_factor: LrFactors = Field(default_factory=LrFactors)
+    kind: Literal["graph_isomorphism"] = Field(
+        "graph_isomorphism", description="Agent type: 'graph_isomorphism' (filled in from the scenario when "
+                                         "left out).")
+    activation_function: ActivationFunction = Field(
+        "tanh", description="Non-linearity of the GNN layers and of the node-selector, decider and value "
+                            "head MLPs.")
+    num_gnn_layers: int = Field(5, ge=0, description="GIN message-passing layers of the graph body (0: node "
+                                                     "features only).")
+    d_gnn: int = Field(16, gt=0, description="Width of the GNN's node representations.")
+    d_gin_mlp: int = Field(64, gt=0, description="Hidden width of the MLP inside each GIN layer.")
+    gnn_output_digits: int | None = Field(None, description="Round the GNN's outputs to this many decimal "
+                                                            "digits (None: no rounding).")
+    use_dual_gnn: bool = Field(True, description="Also run the GNN on all-zero node features and "
+                                                 "concatenate both outputs (node width 2 x d_gnn).")
+    num_heads: int = Field(4, gt=0, description="Attention heads of the transformer; d_transformer must be "
+                                                "divisible by it.")
+    num_transformer_layers: int = Field(4, ge=0, description="Transformer layers over the graph and node "
+                                                             "tokens (0: none).")
+    d_transformer: int = Field(16, gt=0, description="Width of the transformer's tokens.")
+    d_transformer_mlp: int = Field(64, gt=0, description="Hidden width of the transformer's feed-forward "
+                                                         "layers.")
+    transformer_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Dropout probability in the transformer, in [0, 1).")
+    d_node_selector: int = Field(16, gt=0, description="Hidden width of the node-selector head (which node "
+                                                       "the agent sends as its message).")
+    num_node_selector_layers: int = Field(2, ge=1, description="Layers of the node-selector head MLP (>= 1).")
+    d_decider: int = Field(16, gt=0, description="Hidden width of the decider head (reject, accept or "
+                                                 "continue).")
+    num_decider_layers: int = Field(2, ge=1, description="Layers of the decider head MLP (>= 1).")
+    include_round_in_decider: bool = Field(True, description="Give the decider head the current round "
+                                                             "number as an input.")
+    d_linear_message_selector: int = Field(
+        16, gt=0, description="Hidden width of the linear-message selector head; not read by nipflow (kept "
+                              "so that the original library's parameter files load).")
+    num_linear_message_selector_layers: int = Field(
+        2, ge=1, description="Layers of the linear-message selector head; not read by nipflow (kept so that "
+                             "the original library's parameter files load).")
+    d_value: int = Field(16, gt=0, description="Hidden width of the value (critic) head.")
+    num_value_layers: int = Field(2, ge=1, description="Layers of the value head MLP (>= 1).")
+    include_round_in_value: bool = Field(True, description="Give the value head the current round number as "
+                                                           "an input.")
+    use_batch_norm: bool = Field(True, description="Batch-normalise the pooled graph representations (batch "
+                                                   "statistics only).")
+    noise_sigma: float = Field(0.0, ge=0.0, description="Training only: standard deviation of "
+                                                        "multiplicative Gaussian noise on the pooled graph "
+                                                        "representations (0: none).")
+    use_pair_invariant_pooling: bool = Field(
+        True, description="Replace the two graphs' pooled representations by their mean and half their "
+                          "absolute difference (invariant to the order of the pair).")
+    gnn_lr_factor: LrFactors = Field(
+        default_factory=LrFactors, description="Further multipliers (actor, critic) of the learning rate of "
+                                               "the GNN part of the body.")
 
     @model_validator(mode="after")
     def _check_heads(self) -> "GraphIsomorphismAgentParameters":
@@ -159,18 +223,40 @@ class GraphIsomorphismAgentParameters(AgentParameters):
 class CodeValidationAgentParameters(AgentParameters):
     """A text agent behind an OpenAI-compatible chat API."""
 
-    kind: Literal["code_validation"] = "code_validation"
-    model_provider: Literal["OpenAI"] = "OpenAI"
-    model_name: str = "gpt-4o-mini-2024-07-18"
-    use_dummy_api: bool = False
-    shared_model_group: str | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    fine_tune_from_scratch: bool = True
-    freeze_agent: bool = False
-    max_response_words: int = Field(150, gt=0)
-    max_tokens_per_message: int | None = Field(None, gt=0)
-    num_invalid_generation_retries: int = Field(20, ge=0)
+    kind: Literal["code_validation"] = Field(
+        "code_validation", description="Agent type: 'code_validation' (filled in from the scenario when "
+                                       "left out).")
+    model_provider: Literal["OpenAI"] = Field(
+        "OpenAI", description="Provider of the chat model: an OpenAI-compatible API (the only one); not "
+                              "read by nipflow (kept so that the original library's parameter files load).")
+    model_name: str = Field(
+        "gpt-4o-mini-2024-07-18", description="Chat model the agent samples from, and the base model of its "
+                                              "fine-tune jobs.")
+    use_dummy_api: bool = Field(False, description="Use a dummy API instead of a real model; not read by "
+                                                   "nipflow (kept so that the original library's parameter "
+                                                   "files load); the run settings choose the backend.")
+    shared_model_group: str | None = Field(None, description="Agents with the same group share one model "
+                                                             "and one fine-tune job per iteration (None: a "
+                                                             "group of its own).")
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description="Sampling temperature sent to the API, 0 to 2 (None: the API's "
+                                          "default).")
+    top_p: float | None = Field(
+        None, gt=0.0, le=1.0, description="Nucleus-sampling probability mass sent to the API, in (0, 1] "
+                                          "(None: the API's default).")
+    fine_tune_from_scratch: bool = Field(True, description="Fine-tune every iteration from model_name "
+                                                           "(True) or from the agent's latest fine-tuned "
+                                                           "model (False).")
+    freeze_agent: bool = Field(False, description="Never fine-tune this agent: it answers with model_name "
+                                                  "throughout.")
+    max_response_words: int = Field(150, gt=0, description="Word limit the prompt asks for; also max_tokens "
+                                                           "= 1.5 x this when max_tokens_per_message is "
+                                                           "None.")
+    max_tokens_per_message: int | None = Field(
+        None, gt=0, description="max_tokens of each API request (None: 1.5 x max_response_words).")
+    num_invalid_generation_retries: int = Field(
+        20, ge=0, description="Re-samples of a reply that cannot be parsed; after that the agent sends "
+                              "nothing in that round.")
 
     @classmethod
     def construct_test_params(cls) -> "CodeValidationAgentParameters":

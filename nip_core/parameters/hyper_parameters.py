@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from nip_core.parameters.agents import (
     AGENT_PARAMS_BY_SCENARIO,
@@ -45,12 +45,32 @@ from nip_core.parameters.trainers import (
 )
 
 ScenarioType = Literal["graph_isomorphism", "code_validation"]
-TrainerType = Literal["vanilla_ppo", "solo_agent", "spg", "reinforce", "pure_text_ei", "pure_text_malt"]
+
+
+def _check_trainer_name(name: str) -> str:
+    """Accept a registered trainer name only (the built-in trainers are imported on first use)."""
+    from nip_core.trainers.registry import registered_trainer_names, unknown_trainer_message
+
+    if name not in registered_trainer_names():
+        raise ValueError(unknown_trainer_message(name))
+    return name
+
+
+def _trainer_names_schema(schema: dict[str, Any]) -> None:
+    from nip_core.trainers.registry import registered_trainer_names
+
+    schema["enum"] = registered_trainer_names()
+
+
+#: The name of a trainer registered with ``@register_trainer`` (``nip_core.trainers.registry``);
+#: checked against the registry when validated, listed as an enum in the JSON schema.
+TrainerType = Annotated[str, AfterValidator(_check_trainer_name),
+                        Field(json_schema_extra=_trainer_names_schema)]
+
 InteractionProtocolType = Literal[
     "nip", "adp", "debate", "merlin_arthur", "mnip", "solo_verifier", "multi_channel_test"
 ]
 
-TEXT_TRAINERS = frozenset({"pure_text_ei", "pure_text_malt"})
 DEFAULT_AGENT_KEY = "_default"
 
 
@@ -61,37 +81,96 @@ class HyperParameters(ParamsModel):
     :meth:`params_hash` is stable across processes and machines.
     """
 
-    scenario: ScenarioType
-    trainer: TrainerType
-    dataset: str
-    interaction_protocol: InteractionProtocolType = "nip"
-    seed: int = Field(6198, ge=0, lt=2**63)
-    functionalize_modules: bool = False
-    pretrain_agents: bool = False
-    test_size: float = Field(0.2, gt=0.0, lt=1.0)
-    d_representation: int = Field(16, gt=0)
-    message_size: int = Field(1, gt=0)
-    include_linear_message_space: bool = False
-    d_linear_message_space: int = Field(2, gt=0)
-    agents: dict[str, AnyAgentParameters] = Field(default_factory=dict)
-    rl: RlTrainerParameters = Field(default_factory=RlTrainerParameters)
-    ppo: CommonPpoParameters = Field(default_factory=CommonPpoParameters)
-    vanilla_ppo: VanillaPpoParameters = Field(default_factory=VanillaPpoParameters)
-    spg: SpgParameters = Field(default_factory=SpgParameters)
-    reinforce: ReinforceParameters = Field(default_factory=ReinforceParameters)
-    solo_agent: SoloAgentParameters = Field(default_factory=SoloAgentParameters)
-    text_rl: TextRlParameters = Field(default_factory=TextRlParameters)
-    pure_text_ei: PureTextEiParameters = Field(default_factory=PureTextEiParameters)
-    pure_text_malt: PureTextMaltParameters = Field(default_factory=PureTextMaltParameters)
-    code_validation: CodeValidationParameters = Field(default_factory=CodeValidationParameters)
-    dataset_options: DatasetParameters = Field(default_factory=DatasetParameters)
-    protocol_common: CommonProtocolParameters = Field(default_factory=CommonProtocolParameters)
-    nip_protocol: NipProtocolParameters = Field(default_factory=NipProtocolParameters)
-    debate_protocol: DebateProtocolParameters = Field(default_factory=DebateProtocolParameters)
-    mnip_protocol: MnipProtocolParameters = Field(default_factory=MnipProtocolParameters)
-    zk_protocol: ZkProtocolParameters = Field(default_factory=ZkProtocolParameters)
-    message_regression: MessageRegressionParameters = Field(default_factory=MessageRegressionParameters)
-    base_run: BaseRunParameters = Field(default_factory=BaseRunParameters)
+    scenario: ScenarioType = Field(..., description="The task: graph_isomorphism (are two graphs "
+                                                    "isomorphic?) or code_validation (is a solution to a "
+                                                    "coding problem correct?).")
+    trainer: TrainerType = Field(..., description="Registered trainer that trains the agents; TensorDict "
+                                                  "and solo trainers take graph_isomorphism, text trainers "
+                                                  "(pure_text_*) code_validation.")
+    dataset: str = Field(..., description="Dataset name of the scenario (graph_isomorphism: a named or "
+                                          "cached dataset; code_validation: a registered dataset).")
+    interaction_protocol: InteractionProtocolType = Field(
+        "nip", description="Interaction protocol: which agents exchange messages, in which order, and how "
+                           "they are paid.")
+    seed: int = Field(6198, ge=0, lt=2**63, description="Random seed of the experiment: agent "
+                                                        "initialisation, environments, data order and "
+                                                        "sampling (0 to 2^63 - 1).")
+    functionalize_modules: bool = Field(False, description="Build the agents as functional modules "
+                                                           "(TorchRL's functional losses); not read by "
+                                                           "nipflow (kept so that the original library's "
+                                                           "parameter files load).")
+    pretrain_agents: bool = Field(False, description="RL trainers also build each agent's solo (supervised) "
+                                                     "head, as solo_agent does; no pretraining stage is "
+                                                     "run.")
+    test_size: float = Field(0.2, gt=0.0, lt=1.0, description="solo_agent: fraction (0 to 1) of the "
+                                                              "training data held out to test it.")
+    d_representation: int = Field(16, gt=0, description="Graph isomorphism: width of the representation the "
+                                                        "agents' bodies hand to the heads.")
+    message_size: int = Field(1, gt=0, description="Graph isomorphism: nodes sent per message.")
+    include_linear_message_space: bool = Field(
+        False, description="Add a linear message space to the node messages; not read by nipflow (kept so "
+                           "that the original library's parameter files load).")
+    d_linear_message_space: int = Field(2, gt=0, description="Size of the linear message space; not read by "
+                                                             "nipflow (kept so that the original library's "
+                                                             "parameter files load).")
+    agents: dict[str, AnyAgentParameters] = Field(
+        default_factory=dict, description="Per-agent parameters by agent name (prover, verifier, prover0 "
+                                          "...); '_default' applies to every agent not listed.")
+    rl: RlTrainerParameters = Field(
+        default_factory=RlTrainerParameters, description="Settings common to the RL and text trainers "
+                                                         "(batch sizes, iterations, optimiser, test loop).")
+    ppo: CommonPpoParameters = Field(
+        default_factory=CommonPpoParameters, description="PPO loss settings (vanilla_ppo; the critic and "
+                                                         "entropy weights also spg).")
+    vanilla_ppo: VanillaPpoParameters = Field(
+        default_factory=VanillaPpoParameters, description="Settings of the vanilla_ppo trainer (none of its "
+                                                          "own).")
+    spg: SpgParameters = Field(
+        default_factory=SpgParameters, description="Settings of the spg trainer (Stackelberg and "
+                                                   "opponent-shaping policy gradients).")
+    reinforce: ReinforceParameters = Field(
+        default_factory=ReinforceParameters, description="Settings of the reinforce trainer.")
+    solo_agent: SoloAgentParameters = Field(
+        default_factory=SoloAgentParameters, description="Settings of the solo_agent trainer (supervised "
+                                                         "training of each agent alone).")
+    text_rl: TextRlParameters = Field(
+        default_factory=TextRlParameters, description="Settings common to the text trainers (fine-tuning, "
+                                                      "transcripts, tests).")
+    pure_text_ei: PureTextEiParameters = Field(
+        default_factory=PureTextEiParameters, description="Settings of the pure_text_ei trainer (expert "
+                                                          "iteration: rollout selection).")
+    pure_text_malt: PureTextMaltParameters = Field(
+        default_factory=PureTextMaltParameters, description="Settings of the pure_text_malt trainer "
+                                                            "(multi-agent rollout trees).")
+    code_validation: CodeValidationParameters = Field(
+        default_factory=CodeValidationParameters, description="Code-validation scenario settings (APPS "
+                                                              "problem selection).")
+    dataset_options: DatasetParameters = Field(
+        default_factory=DatasetParameters, description="Options applied when the dataset is loaded (size "
+                                                       "limits).")
+    protocol_common: CommonProtocolParameters = Field(
+        default_factory=CommonProtocolParameters, description="Settings of every interaction protocol (turn "
+                                                              "order, rewards, forced guesses, zero "
+                                                              "knowledge).")
+    nip_protocol: NipProtocolParameters = Field(
+        default_factory=NipProtocolParameters, description="Round limits of the nip and adp protocols "
+                                                           "(merlin_arthur and solo_verifier have fixed "
+                                                           "ones).")
+    debate_protocol: DebateProtocolParameters = Field(
+        default_factory=DebateProtocolParameters, description="Round limits and speaking order of the "
+                                                              "debate protocol.")
+    mnip_protocol: MnipProtocolParameters = Field(
+        default_factory=MnipProtocolParameters, description="Round limits and speaking order of the mnip "
+                                                            "protocol.")
+    zk_protocol: ZkProtocolParameters = Field(
+        default_factory=ZkProtocolParameters, description="Reward weights of the zero-knowledge variants "
+                                                          "(protocol_common.zero_knowledge).")
+    message_regression: MessageRegressionParameters = Field(default_factory=MessageRegressionParameters,
+        description="Regression of the labels from the agents' messages; not read by nipflow (kept so that "
+                    "the original library's parameter files load).")
+    base_run: BaseRunParameters = Field(
+        default_factory=BaseRunParameters, description="Start from another run's parameters, or re-test its "
+                                                       "models.")
 
     # -- normalisation -----------------------------------------------------------------
 
@@ -130,7 +209,9 @@ class HyperParameters(ParamsModel):
                     f"agents.{name}: parameters of kind '{getattr(agent, 'kind', '?')}' "
                     f"do not fit scenario '{self.scenario}'"
                 )
-        text_trainer = self.trainer in TEXT_TRAINERS
+        from nip_core.trainers.registry import is_text_trainer
+
+        text_trainer = is_text_trainer(self.trainer)
         if text_trainer != (self.scenario == "code_validation"):
             raise ValueError(
                 f"trainer '{self.trainer}' cannot train scenario '{self.scenario}'"
@@ -186,7 +267,9 @@ class HyperParameters(ParamsModel):
 
     @property
     def is_text_scenario(self) -> bool:
-        return self.trainer in TEXT_TRAINERS
+        from nip_core.trainers.registry import is_text_trainer
+
+        return is_text_trainer(self.trainer)
 
 
 def canonical_json(data: Any) -> str:

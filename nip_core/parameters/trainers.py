@@ -13,31 +13,63 @@ class RlTrainerParameters(ParamsModel):
     """Common RL settings; pure-text trainers use ``num_iterations``, ``rollouts_per_iteration``,
     ``frames_per_batch`` and ``num_test_iterations`` too."""
 
-    frames_per_batch: int | None = Field(1000, gt=0)
-    rollouts_per_iteration: int | None = Field(None, gt=0)
-    steps_per_env_per_iteration: int | None = Field(None, gt=0)
-    num_iterations: int = Field(1000, ge=0)
-    num_epochs: int = Field(4, gt=0)
-    minibatch_size: int = Field(64, gt=0)
-    lr: float = Field(0.003, ge=0.0)
-    anneal_lr: bool = False
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    loss_critic_type: Literal["smooth_l1", "l1", "l2"] = "smooth_l1"
-    clip_value: bool | float = False
-    normalize_observations: bool = True
-    num_normalization_steps: int = Field(1000, gt=0)
-    gamma: float = Field(0.9, ge=0.0, le=1.0)
-    lmbda: float = Field(0.95, ge=0.0, le=1.0)
-    use_shared_body: bool = True
-    num_test_iterations: Annotated[int, BaseRunPreserve("rerun_tests")] = Field(10, ge=0)
+    frames_per_batch: int | None = Field(
+        1000, gt=0, description="TensorDict trainers: environment steps collected per iteration, a multiple "
+                                "of the steps per environment (None: from rollouts_per_iteration, else the "
+                                "dataset size); text trainers use it as rollouts per iteration when "
+                                "rollouts_per_iteration is None.")
+    rollouts_per_iteration: int | None = Field(
+        None, gt=0, description="Episodes (datapoints) rolled out per iteration: text trainers' batch; "
+                                "TensorDict trainers use it when frames_per_batch is None.")
+    steps_per_env_per_iteration: int | None = Field(
+        None, gt=0, description="TensorDict trainers: steps each parallel environment takes per iteration "
+                                "(None: the protocol's max_message_rounds).")
+    num_iterations: int = Field(1000, ge=0, description="Training iterations (collect, then update or "
+                                                        "fine-tune) of the RL and text trainers.")
+    num_epochs: int = Field(4, gt=0, description="TensorDict trainers: passes over each iteration's batch "
+                                                 "in the update.")
+    minibatch_size: int = Field(64, gt=0, description="TensorDict trainers: steps per minibatch of the "
+                                                      "update (capped at the batch size).")
+    lr: float = Field(0.003, ge=0.0, description="TensorDict trainers: base learning rate, scaled by the "
+                                                 "agents' learning-rate factors.")
+    anneal_lr: bool = Field(False, description="TensorDict trainers: decay the learning rates linearly to 0 "
+                                               "over num_iterations.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="TensorDict trainers: clip the gradients' global "
+                                                          "norm to this value (> 0).")
+    loss_critic_type: Literal["smooth_l1", "l1", "l2"] = Field(
+        "smooth_l1", description="TensorDict trainers: loss of the value head against its target.")
+    clip_value: bool | float = Field(False, description="TensorDict trainers: clip the value update like "
+                                                        "the policy (True: by ppo.clip_epsilon, a float: by "
+                                                        "that value; False: no clipping).")
+    normalize_observations: bool = Field(True, description="TensorDict trainers: normalise each observation "
+                                                           "key by its mean and standard deviation, "
+                                                           "estimated from random rollouts before training.")
+    num_normalization_steps: int = Field(
+        1000, gt=0, description="TensorDict trainers: environment steps used to estimate the observation "
+                                "statistics (10 in test runs).")
+    gamma: float = Field(0.9, ge=0.0, le=1.0, description="TensorDict trainers: discount factor of the "
+                                                          "returns, 0 to 1.")
+    lmbda: float = Field(0.95, ge=0.0, le=1.0, description="TensorDict trainers: λ of generalised advantage "
+                                                           "estimation, 0 to 1.")
+    use_shared_body: bool = Field(True, description="TensorDict trainers with a critic: actor and critic "
+                                                    "share one body (without a critic the body is always "
+                                                    "shared).")
+    num_test_iterations: Annotated[int, BaseRunPreserve("rerun_tests")] = Field(
+        10, ge=0, description="Test loop after training: batches collected without training (TensorDict "
+                              "trainers), or passes over the test set (text trainers); 0 skips it.")
     optimizer: Literal["adam", "adamw", "sgd", "rmsprop", "adagrad"] = Field(
         "adam", description="TensorDict trainers' optimiser (the original always used Adam)")
     optimizer_eps: float = Field(1e-5, gt=0.0, description="eps of adam, adamw, rmsprop and adagrad")
     betas: tuple[float, float] = Field((0.9, 0.999), description="adam/adamw moment decay rates")
-    momentum: float = Field(0.0, ge=0.0, lt=1.0, description="sgd/rmsprop momentum")
+    momentum: float = Field(0.0, ge=0.0, lt=1.0,
+                            description="momentum of the sgd and rmsprop optimisers, in [0, 1)")
     weight_decay: float = Field(0.0, ge=0.0, description="weight decay (decoupled for adamw, L2 otherwise)")
     gradient_accumulation_steps: int = Field(
         1, gt=0, description="minibatches whose gradients are averaged into one optimiser step")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="TensorDict trainers' agent arithmetic: fp32, or bf16 mixed precision (bf16 "
+                            "autocast of the agents' forward passes; fp32 weights, optimiser, log-probs, "
+                            "ratios and losses)")
     test_greedy: Annotated[bool, BaseRunPreserve("rerun_tests")] = Field(
         False, description="test loop: take each agent's most likely action instead of sampling")
 
@@ -55,15 +87,25 @@ class RlTrainerParameters(ParamsModel):
 
 
 class CommonPpoParameters(ParamsModel):
-    loss_type: Literal["clip", "kl_penalty"] = "clip"
-    clip_epsilon: float = Field(0.2, gt=0.0)
-    kl_target: float = Field(0.01, gt=0.0)
-    kl_beta: float = Field(1.0, ge=0.0)
-    kl_decrement: float = Field(0.5, gt=0.0)
-    kl_increment: float = Field(2.0, gt=0.0)
-    critic_coef: float = Field(1.0, ge=0.0)
-    entropy_eps: float = Field(0.001, ge=0.0)
-    normalize_advantage: bool = True
+    loss_type: Literal["clip", "kl_penalty"] = Field(
+        "clip", description="PPO objective: the clipped surrogate ('clip') or the adaptive KL penalty "
+                            "('kl_penalty').")
+    clip_epsilon: float = Field(0.2, gt=0.0, description="Clipping range ε of the probability ratio (clip "
+                                                         "loss; also the value clip when rl.clip_value is "
+                                                         "True).")
+    kl_target: float = Field(0.01, gt=0.0, description="KL penalty loss: the KL divergence per update that "
+                                                       "the adaptive β aims at.")
+    kl_beta: float = Field(1.0, ge=0.0, description="KL penalty loss: initial coefficient β of the KL term.")
+    kl_decrement: float = Field(0.5, gt=0.0, description="KL penalty loss: factor applied to β when the KL "
+                                                         "is below kl_target / 1.5.")
+    kl_increment: float = Field(2.0, gt=0.0, description="KL penalty loss: factor applied to β when the KL "
+                                                         "is above 1.5 x kl_target.")
+    critic_coef: float = Field(1.0, ge=0.0, description="Weight of the value loss in the total loss (PPO "
+                                                        "and SPG).")
+    entropy_eps: float = Field(0.001, ge=0.0, description="Weight of the entropy bonus in the total loss "
+                                                          "(PPO and SPG).")
+    normalize_advantage: bool = Field(True, description="Normalise the advantages of each minibatch to zero "
+                                                        "mean and unit variance.")
 
 
 class VanillaPpoParameters(ParamsModel):
@@ -71,11 +113,21 @@ class VanillaPpoParameters(ParamsModel):
 
 
 class SpgParameters(ParamsModel):
-    variant: Literal["spg", "pspg", "lola", "pola", "sos", "psos"] = "psos"
-    stackelberg_sequence: list[list[str]] | None = None
-    additional_lola_term: bool = True
-    sos_scaling_factor: float = Field(0.5, gt=0.0, le=1.0)
-    sos_threshold_factor: float = Field(0.1, gt=0.0)
+    variant: Literal["spg", "pspg", "lola", "pola", "sos", "psos"] = Field(
+        "psos", description="Policy-gradient variant: Stackelberg (spg, pspg), opponent shaping (lola, "
+                            "pola) or stable opponent shaping (sos, psos); p-variants use the PPO clipped "
+                            "surrogate as the gain.")
+    stackelberg_sequence: list[list[str]] | None = Field(
+        None, description="Groups of agent names from leader to followers (None: the protocol's, verifiers "
+                          "first).")
+    additional_lola_term: bool = Field(True, description="lola and pola: include the higher-order (second) "
+                                                         "LOLA term; always on for sos and psos.")
+    sos_scaling_factor: float = Field(
+        0.5, gt=0.0, le=1.0, description="sos and psos: a, the scale of the opponent-shaping correction, in "
+                                         "(0, 1].")
+    sos_threshold_factor: float = Field(
+        0.1, gt=0.0, description="sos and psos: b, the threshold below which the correction is not scaled "
+                                 "down (> 0).")
     ihvp_variant: Literal["nystrom", "conj_grad"] = Field(
         "nystrom", description="inverse-Hessian-vector product of the Stackelberg variants: Nyström "
                                "(rank ihvp_rank) or conjugate gradients (ihvp_num_iterations steps); the "
@@ -86,26 +138,42 @@ class SpgParameters(ParamsModel):
 
 
 class ReinforceParameters(ParamsModel):
-    use_advantage_and_critic: bool = False
+    use_advantage_and_critic: bool = Field(False, description="Train a critic and weight the "
+                                                              "log-probabilities by the normalised GAE "
+                                                              "advantage instead of the return.")
 
 
 class SoloAgentParameters(ParamsModel):
-    num_epochs: int = Field(100, gt=0)
-    batch_size: int = Field(256, gt=0)
-    learning_rate: float = Field(0.001, gt=0.0)
-    body_lr_factor_override: bool = False
+    num_epochs: int = Field(100, gt=0, description="Supervised training epochs of each agent alone.")
+    batch_size: int = Field(256, gt=0, description="Datapoints per supervised training step.")
+    learning_rate: float = Field(0.001, gt=0.0, description="Learning rate of the supervised training, "
+                                                            "scaled by the agents' learning-rate factors.")
+    body_lr_factor_override: bool = Field(False, description="Train the body at the plain learning rate, "
+                                                             "ignoring the agents' body_lr_factor.")
 
 
 class TextRlParameters(ParamsModel):
-    fine_tune_on_all_previous_rollouts: bool = False
-    verifier_guess_replacement_proportion: float = Field(0.0, ge=0.0, le=1.0)
-    verifier_guess_replacement_annealing: Literal["none", "linear", "exponential"] = "none"
-    verifier_guess_replacement_annealing_rate: float = Field(0.1, ge=0.0, le=1.0)
-    save_transcripts: bool = True
-    transcript_format: Literal["yaml", "json"] = "yaml"
+    fine_tune_on_all_previous_rollouts: bool = Field(
+        False, description="Fine-tune on the rollouts of every iteration so far instead of the current one "
+                           "only.")
+    verifier_guess_replacement_proportion: float = Field(
+        0.0, ge=0.0, le=1.0, description="Expert iteration: proportion (0 to 1) of the verifier's training "
+                                         "examples whose guess is replaced by the true label.")
+    verifier_guess_replacement_annealing: Literal["none", "linear", "exponential"] = Field(
+        "none", description="How the replacement proportion decays over iterations i: none, linear (p - i x "
+                            "rate) or exponential (p (1 - rate)^i).")
+    verifier_guess_replacement_annealing_rate: float = Field(
+        0.1, ge=0.0, le=1.0, description="Rate (0 to 1) of the annealing of the replacement proportion.")
+    save_transcripts: bool = Field(True, description="Write a readable transcript of each iteration's "
+                                                     "rollouts to the run store.")
+    transcript_format: Literal["yaml", "json"] = Field("yaml", description="File format of the transcripts.")
     test_scheme: Annotated[Literal["none", "all", "last", "first_and_last"],
-                           BaseRunPreserve("rerun_tests")] = "none"
-    test_on_whole_dataset: Annotated[bool, BaseRunPreserve("rerun_tests")] = True
+                           BaseRunPreserve("rerun_tests")] = Field(
+        "none", description="Which iterations' models are tested: none, all, the last, or the first and the "
+                            "last.")
+    test_on_whole_dataset: Annotated[bool, BaseRunPreserve("rerun_tests")] = Field(
+        True, description="Test on every test datapoint (x num_test_iterations); False: "
+                          "rollouts_per_iteration datapoints.")
     fine_tune_max_attempts: int = Field(
         3, ge=1, le=20,
         description="jobs per (iteration, group): a failed or cancelled fine-tune job is retried as a new "
@@ -113,22 +181,35 @@ class TextRlParameters(ParamsModel):
 
 
 class PureTextEiParameters(ParamsModel):
-    rollout_selection_method: Literal["threshold", "weighted_sampling"] = "threshold"
-    reward_threshold: float = 0.9
-    weighting_sample_size_factor: float = Field(0.5, gt=0.0)
-    weighting_minimum: float | None = None
-    weighting_use_replacement: bool = True
-    weighting_epsilon: float = Field(0.01, ge=0.0)
+    rollout_selection_method: Literal["threshold", "weighted_sampling"] = Field(
+        "threshold", description="Which rollouts an agent is fine-tuned on: those with reward >= "
+                                 "reward_threshold, or a reward-weighted sample.")
+    reward_threshold: float = Field(0.9, description="threshold: the minimum episode reward of a rollout "
+                                                     "kept for fine-tuning.")
+    weighting_sample_size_factor: float = Field(
+        0.5, gt=0.0, description="weighted_sampling: sample size as a fraction of the rollouts (> 0).")
+    weighting_minimum: float | None = Field(None, description="weighted_sampling: reward subtracted before "
+                                                              "weighting, weights clipped at 0 (None: the "
+                                                              "lowest reward).")
+    weighting_use_replacement: bool = Field(True, description="weighted_sampling: sample with replacement.")
+    weighting_epsilon: float = Field(
+        0.01, ge=0.0, description="weighted_sampling: weight added to every rollout (divided by their "
+                                  "number), so each can be drawn.")
 
 
 class PureTextMaltParameters(ParamsModel):
-    num_responses_per_timestep: int = Field(2, ge=2)
+    num_responses_per_timestep: int = Field(
+        2, ge=2, description="Replies sampled per unfinished node of the rollout tree in each round (>= 2).")
 
 
 class BaseRunParameters(ParamsModel):
-    base_run_type: Literal["none", "parameters", "rerun_tests"] = "none"
-    run_id: str | None = None
-    rerun_tests_force_test_during_training_state: bool = True
+    base_run_type: Literal["none", "parameters", "rerun_tests"] = Field(
+        "none", description="Start from another run: none; parameters (take its hyper-parameters); "
+                            "rerun_tests (its hyper-parameters and models, testing again).")
+    run_id: str | None = Field(None, description="The base run's id (required unless base_run_type is none).")
+    rerun_tests_force_test_during_training_state: bool = Field(
+        True, description="rerun_tests: re-run the tests of the iterations before the last too; not read by "
+                          "nipflow (kept so that the original library's parameter files load).")
 
     @model_validator(mode="after")
     def _needs_run_id(self) -> "BaseRunParameters":

@@ -52,6 +52,8 @@ class PureTextEiTrainer(PureTextRlTrainer):
     """Expert iteration on text rollouts."""
 
     trainer_name = "pure_text_ei"
+    trainer_kind = "pure_text"
+    needs_critic = False
 
     def guess_replacement_proportion(self, iteration: int) -> float:
         t = self.hyper_params.text_rl

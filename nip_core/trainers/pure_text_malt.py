@@ -308,6 +308,8 @@ class PureTextMaltTrainer(PureTextRlTrainer):
     """MALT: response trees, expected-reward labels, DPO on positive/negative sibling pairs."""
 
     trainer_name = "pure_text_malt"
+    trainer_kind = "pure_text"
+    needs_critic = False
     fine_tune_method = "dpo"
 
     @property

@@ -12,6 +12,10 @@ from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
 class ReinforceTrainer(TensorDictRlTrainer):
     """Vanilla policy gradient; the critic is used only with ``reinforce.use_advantage_and_critic``."""
 
+    trainer_kind = "tensordict"
+    needs_critic = False
+    critic_switch = "reinforce.use_advantage_and_critic"
+
     def _get_loss_module_and_gae(self):
         loss = ReinforceLoss(self.agents, self.hyper_params, self.message_key, use_critic=self.use_critic)
         return loss, make_gae(self.hyper_params) if self.use_critic else None

@@ -35,6 +35,8 @@ from nip_core.trainers.tensordict_rl import TensorDictTrainer
 class SoloAgentTrainer(TensorDictTrainer):
     """Supervised training of each agent's body and solo head."""
 
+    trainer_kind = "solo"
+    needs_critic = False
     trainer_type = "solo_agent"
 
     def __init__(self, *args, **kwargs):

@@ -14,6 +14,9 @@ from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
 class SpgTrainer(TensorDictRlTrainer):
     """PPO-style training whose actor gradients are shaped by the Stackelberg structure."""
 
+    trainer_kind = "tensordict"
+    needs_critic = True
+
     # Hessian rows need double backward, which only the MATH attention kernel supports.
     attention_backends = [SDPBackend.MATH]
 

@@ -44,9 +44,17 @@ Other choices, documented:
   :mod:`nip_core.trainers.objectives`), because the per-agent joint distribution
   (several categorical heads per agent) does not fit TorchRL's ``ClipPPOLoss``.
 * Attention kernels: ``attention_backends`` (class attribute) lists the allowed SDPA
-  kernels, used for collection, training and testing alike. The default prefers the fused
-  flash kernel (about 2x faster than MATH on CPU for these shapes); SPG, which needs
-  double backward for its Hessian rows, restricts itself to MATH.
+  kernels, used for collection, training and testing alike, by agents that call SDPA
+  (the GI body writes its short-sequence attention out instead, see
+  ``docs/architecture.md``); SPG, which needs double backward for its Hessian rows,
+  restricts itself to MATH.
+* Precision (``rl.precision``, :mod:`nip_core.trainers.precision`): with ``bf16`` the
+  agents' forward passes of collection, GAE values, minibatch losses and the test loop run
+  under bf16 autocast; GAE, the backward pass and the optimiser step run outside it.
+* Devices: the agents, the loss module (its buffers) and GAE are moved to
+  ``settings.device``; ``compile_mode`` (class attribute, ``None`` by default) compiles
+  the loss's forward pass with ``torch.compile(mode=...)``, e.g. ``"reduce-overhead"``
+  for CUDA graphs on a GPU.
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ from nip_core.errors import CheckpointNotFoundError
 from nip_core.scenarios.registry import build_scenario_instance
 from nip_core.settings import ExperimentSettings, resolve_device
 from nip_core.trainers.base import Trainer, set_global_seed
+from nip_core.trainers.precision import autocast_dtype, precision_context
 from nip_core.trainers.preemption import PreemptionGuard, TrainingPreempted
 from nip_core.trainers.optim import build_optimizer
 from nip_core.trainers.progress import attach_progress_bar
@@ -179,6 +188,10 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
     trainer_type = "rl"
     # Allowed scaled-dot-product-attention kernels, in order of preference (see module doc).
     attention_backends: list = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    # ``torch.compile`` mode of the loss's forward pass in minibatch steps (``None``: eager).
+    # ``"reduce-overhead"`` replays CUDA graphs on a GPU; on a CPU compiling costs minutes
+    # for a ~15 % faster step, so eager is the default (see docs/architecture.md).
+    compile_mode: str | None = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -201,7 +214,13 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
             self.train_env, self.test_env = base_train_env, base_test_env
         self.policy_operator = PolicyOperator(self.agents, self.message_key, in_keys=[])
         self.value_operator = ValueOperator(self.agents, in_keys=[]) if self.use_critic else None
+        autocast_dtype(hp.rl.precision)  # refuses an unknown precision, naming rl.precision
         self.loss_module, self.value_estimator = self._get_loss_module_and_gae()
+        # Loss buffers (e.g. adaptive KL coefficients) and GAE constants live where the agents do.
+        self.loss_module.to(self.settings.device)
+        if self.value_estimator is not None:
+            self.value_estimator.to(self.settings.device)
+        self._compiled_loss = None
         self.agent_groups = self.agents.parameter_groups(hp.rl.lr)
         all_groups = [g for groups in self.agent_groups.values() for g in groups]
         for group in all_groups:
@@ -289,6 +308,18 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         with sdpa_kernel(self.attention_backends):
             return self._train_iteration_inner(iteration)
 
+    def _precision(self):
+        """The context of the agents' forward passes (bf16 autocast with ``rl.precision=bf16``)."""
+        return precision_context(self.hyper_params.rl.precision, self.settings.device)
+
+    def _loss_forward(self, minibatch):
+        """The loss module's forward pass, compiled when :attr:`compile_mode` asks for it."""
+        if self.compile_mode is None:
+            return self.loss_module(minibatch)
+        if self._compiled_loss is None:
+            self._compiled_loss = torch.compile(self.loss_module, mode=self.compile_mode)
+        return self._compiled_loss(minibatch)
+
     def _train_iteration_inner(self, iteration: int) -> dict[str, float]:
         hp = self.hyper_params
         self.agents.train()
@@ -299,7 +330,7 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         active = {name: hp.agent_params(name).update_schedule.is_active(iteration) for name in self.agent_names}
         timer = PhaseTimer()
         with torch.no_grad():
-            with timer.phase("collect"):
+            with timer.phase("collect"), self._precision():
                 batch, self._carried_td = collect_batch(self.train_env, self.policy_operator, self._carried_td,
                                                         self.steps_per_env)
             with timer.phase("gae"):
@@ -314,13 +345,15 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         if self.value_estimator is None:
             return
         B, T = batch.batch_size
-        values = self.agents.value(batch.reshape(-1))
+        with self._precision():  # the critic in rl.precision; GAE itself in float32
+            values = self.agents.value(batch.reshape(-1))
+            last_values = self.agents.value(batch["next"][:, -1])
         values = values.reshape(B, T, *values.shape[1:])
         # The observation after step t is the one of step t+1 unless the episode ended at
         # t; every end is terminal (no bootstrap), so only the last step needs the critic.
         next_values = torch.empty_like(values)
         next_values[:, :-1] = values[:, 1:]
-        next_values[:, -1] = self.agents.value(batch["next"][:, -1])
+        next_values[:, -1] = last_values
         batch.set(("agents", "value"), values)
         batch.set(("next", "agents", "value"), next_values)
         self.value_estimator(batch)
@@ -347,7 +380,8 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
             if self._preemption is not None and self._preemption.requested:
                 raise _StopRequested  # the previous minibatch step is complete; drop the iteration
             minibatch = buffer.sample()
-            losses = self.loss_module(minibatch)
+            with self._precision():
+                losses = self._loss_forward(minibatch)
             for key, value in losses.items(include_nested=True, leaves_only=True):
                 name = ".".join(key) if isinstance(key, tuple) else key
                 totals[name] = totals.get(name, 0.0) + float(value.detach().sum())
@@ -380,7 +414,8 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         self.agents.eval()
         batches = []
         greedy = ExplorationType.DETERMINISTIC if self.hyper_params.rl.test_greedy else ExplorationType.RANDOM
-        with torch.no_grad(), sdpa_kernel(self.attention_backends), set_exploration_type(greedy):
+        with torch.no_grad(), sdpa_kernel(self.attention_backends), set_exploration_type(greedy), \
+                self._precision():
             td = self.test_env.reset()
             for _ in range(self.hyper_params.rl.num_test_iterations):
                 batch, td = collect_batch(self.test_env, self.policy_operator, td, self.steps_per_env)

@@ -14,6 +14,9 @@ PPO_LOSSES = {"clip": ClipPpoLoss, "kl_penalty": KlPenaltyPpoLoss}
 class VanillaPpoTrainer(TensorDictRlTrainer):
     """PPO with a separate critic per agent (IPPO); ``ppo.loss_type`` picks the loss."""
 
+    trainer_kind = "tensordict"
+    needs_critic = True
+
     def _get_loss_module_and_gae(self):
         loss_class = PPO_LOSSES[self.hyper_params.ppo.loss_type]
         loss = loss_class(self.agents, self.hyper_params, self.message_key, use_critic=self.use_critic)

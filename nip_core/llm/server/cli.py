@@ -8,6 +8,8 @@ The process takes an exclusive lock on the data directory (one server per direct
 binds the socket itself (``--port 0`` picks a free port), records
 ``{pid, host, port, base_url}`` in ``D/server.json`` and serves until SIGINT/SIGTERM.
 The API key may also come from ``$NIPFLOW_API_SERVER_KEY``; it is never printed.
+``nipflow api-server stop [--data-dir D | --port P]`` stops a running server
+(:mod:`nip_core.llm.server.control`).
 """
 
 from __future__ import annotations
@@ -36,17 +38,22 @@ EXIT_USAGE = 2
 
 
 def default_data_dir() -> Path:
-    return Path(os.environ.get("NIPFLOW_DATA_DIR", "./data")) / "api_server"
+    """``<data dir>/api_server``: the data directory of :func:`nip_core.settings.default_data_dir`."""
+    from nip_core.settings import default_data_dir as data_root
+
+    return Path(data_root()) / "api_server"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nipflow api-server",
         description="Local OpenAI-compatible server (chat completions, files, fine-tuning) for offline runs and tests.",
+        epilog="`nipflow api-server stop [--data-dir D | --port P]` stops a running server.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
-    parser.add_argument("--data-dir", type=Path, default=None, help="where files, jobs and models are kept (default $NIPFLOW_DATA_DIR/api_server)")
+    parser.add_argument("--data-dir", type=Path, default=None, help="where files, jobs and models are kept (default $NIPFLOW_DATA_DIR/api_server, "
+                        "else ~/.cache/nipflow/data/api_server)")
     parser.add_argument("--job-time-scale", type=float, default=1.0, help="multiplies the pacing of fine-tuning jobs (1.0: about 25 s)")
     parser.add_argument("--api-key", default=None, help=f"require this Bearer key (default ${API_KEY_ENV}; none: no auth)")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="latency added to every chat completion")
@@ -110,7 +117,12 @@ def read_server_file(data_dir: Path) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the server until interrupted; returns the exit status."""
+    """Run the server until interrupted (``stop``: stop a running one); returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["stop"]:
+        from nip_core.llm.server.control import stop_main
+
+        return stop_main(list(argv[1:]))
     args = build_parser().parse_args(argv)
     data_dir = (args.data_dir or default_data_dir()).absolute()
     try:

@@ -12,14 +12,12 @@ from nip_core.scenarios.graph_isomorphism.agents import build_combined_agents
 from nip_core.scenarios.graph_isomorphism.environment import GraphIsomorphismEnvironment
 from nip_core.scenarios.registry import ScenarioInstance, register_scenario
 
-#: trainers that train a critic (``reinforce`` only with ``use_advantage_and_critic``)
-CRITIC_TRAINERS = {"vanilla_ppo", "spg"}
-
 
 def trainer_uses_critic(hyper_params) -> bool:
-    if hyper_params.trainer == "reinforce":
-        return hyper_params.reinforce.use_advantage_and_critic
-    return hyper_params.trainer in CRITIC_TRAINERS
+    """Whether the trainer trains a critic (value heads): what its registration declared."""
+    from nip_core.trainers.registry import trainer_uses_critic as declared
+
+    return declared(hyper_params)
 
 
 def load_datasets(hyper_params, settings):

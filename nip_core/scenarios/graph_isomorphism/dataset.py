@@ -179,7 +179,8 @@ class GraphIsomorphismDataset:
         split : str
             ``"train"`` or ``"test"``.
         data_dir : path, optional
-            Default: ``$NIPFLOW_DATA_DIR`` or ``./data``.
+            Default: :func:`nip_core.settings.default_data_dir` (``$NIPFLOW_DATA_DIR``, else
+            ``~/.cache/nipflow/data``).
         max_size : int, optional
             See :meth:`from_raw`.
 

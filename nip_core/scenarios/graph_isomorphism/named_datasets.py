@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from nip_core.settings import DATA_DIR_ENV, default_data_dir  # the one default (user cache)
 from nip_core.scenarios.graph_isomorphism.dataset_generation import (
     GraphIsomorphismDatasetConfig,
     generate_gi_dataset,
@@ -51,9 +52,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Environment variable naming the data directory (default ``./data``).
-DATA_DIR_ENV = "NIPFLOW_DATA_DIR"
-
 
 class UnknownDatasetError(KeyError):
     """No registered dataset has this name, or it has no such split."""
@@ -74,6 +72,9 @@ def _config(num_samples: int, seed: int, **kwargs) -> GraphIsomorphismDatasetCon
 # i.e. two (size, p) cells: sizes 7 and 8 with a single, undocumented edge probability.
 _TEST_CELLS = dict(graph_sizes=[7, 8], edge_probabilities=[0.5])
 
+# All non-isomorphic pairs of score 1 (see "easy" below).
+_EASY = dict(non_iso_prop_score_1=1.0, non_iso_prop_score_2=0.0)
+
 #: name -> split -> config.
 NAMED_DATASETS: dict[str, dict[str, GraphIsomorphismDatasetConfig]] = {
     "test": {
@@ -81,15 +82,14 @@ NAMED_DATASETS: dict[str, dict[str, GraphIsomorphismDatasetConfig]] = {
         "test": _config(100, 1_001, **_TEST_CELLS),
     },
     "small": {"train": _config(1_000, 2_000), "test": _config(200, 2_001)},
+    # The main job's data: the original's sizes and edge probabilities, but every
+    # non-isomorphic pair has WL score 1 (its two graphs already differ in their degree
+    # multisets), the easiest class; half the isomorphic pairs reuse those graphs.
+    "easy": {"train": _config(2_000, 7_000, **_EASY), "test": _config(500, 7_001, **_EASY)},
     "er1000": {"train": _config(1_000, 3_000), "test": _config(1_000, 3_001)},
     "er10000": {"train": _config(10_000, 4_000), "test": _config(1_000, 4_001)},
     "eru10000": {"train": _config(10_000, 5_000), "test": _config(1_000, 5_001)},
 }
-
-
-def default_data_dir() -> Path:
-    """``$NIPFLOW_DATA_DIR`` if set, else ``./data``."""
-    return Path(os.environ.get(DATA_DIR_ENV) or "data")
 
 
 def register_named_dataset(

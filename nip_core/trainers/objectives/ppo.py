@@ -40,8 +40,12 @@ class PpoLoss(nn.Module):
         self.in_keys = [("agents", self.message_key), ("agents", "decision"), ("agents", "sample_log_prob"),
                         ("agents", "advantage"), ("agents", "value_target"), ("agents", "value")]
 
-    def log_weight_and_entropy(self, td: TensorDictBase):
-        message_logits, decision_logits = self.agents.policy(td)
+    def log_weight_and_entropy(self, td: TensorDictBase, logits=None):
+        """``(log_prob, log_weight, entropy)`` of the stored actions, each ``(n, A)``.
+
+        ``logits``: ``(message_logits, decision_logits)`` already computed (else the policy runs).
+        """
+        message_logits, decision_logits = self.agents.policy(td) if logits is None else logits
         log_prob, entropy = joint_log_prob_and_entropy(message_logits, decision_logits,
                                                        td["agents", self.message_key], td["agents", "decision"])
         return log_prob, log_prob - td["agents", "sample_log_prob"], entropy
@@ -50,7 +54,11 @@ class PpoLoss(nn.Module):
         raise NotImplementedError
 
     def forward(self, td: TensorDictBase) -> TensorDict:
-        _, log_weight, entropy = self.log_weight_and_entropy(td)
+        if self.use_critic:  # policy and critic in one pass of the bodies
+            message_logits, decision_logits, values = self.agents.policy_and_value(td)
+            _, log_weight, entropy = self.log_weight_and_entropy(td, (message_logits, decision_logits))
+        else:
+            _, log_weight, entropy = self.log_weight_and_entropy(td)
         advantage = normalized_advantage(td, self.normalize_advantage)
         objective = self.objective(log_weight.exp(), log_weight, advantage)  # (A,)
         entropy_loss = -self.entropy_coef * entropy.mean(0)
@@ -59,7 +67,7 @@ class PpoLoss(nn.Module):
         out = {"loss_objective": objective.sum(), "loss_entropy": entropy_loss.sum(),
                "entropy": entropy.mean().detach(), "kl_divergence": kl.mean()}
         if self.use_critic:
-            critic = self.critic_coef * critic_loss(self.agents.value(td), td, self.loss_critic_type,
+            critic = self.critic_coef * critic_loss(values, td, self.loss_critic_type,
                                                     self.clip_value)
             per_agent["loss_critic"] = critic
             out["loss_critic"] = critic.sum()
@@ -97,7 +105,9 @@ class KlPenaltyPpoLoss(PpoLoss):
     def objective(self, ratio, log_weight, advantage):
         kl = (-log_weight).mean(0)
         objective = -(ratio * advantage).mean(0) + self.beta.clone() * kl
-        with torch.no_grad():
-            self.beta[kl > 1.5 * self.kl_target] *= self.kl_increment
-            self.beta[kl < self.kl_target / 1.5] *= self.kl_decrement
+        with torch.no_grad():  # masked by torch.where: no boolean indexing, no host synchronisation
+            one = torch.ones_like(kl)
+            factor = torch.where(kl > 1.5 * self.kl_target, one * self.kl_increment,
+                                 torch.where(kl < self.kl_target / 1.5, one * self.kl_decrement, one))
+            self.beta.mul_(factor)
         return objective

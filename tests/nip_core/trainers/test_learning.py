@@ -28,10 +28,13 @@ def datasets():
 
 
 @pytest.mark.slow
-def test_nip_verifier_learns_above_chance(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_nip_verifier_learns_above_chance(tmp_path, precision):
+    """The same thresholds in bf16 mixed precision (``rl.precision``) as in fp32."""
     hp = tiny_params(agents={"_default": SMALL_AGENT},
                      rl=dict(frames_per_batch=256, minibatch_size=64, num_epochs=4, num_iterations=10,
-                             num_test_iterations=4, lr=0.003, gamma=0.95, num_normalization_steps=20))
+                             num_test_iterations=4, lr=0.003, gamma=0.95, num_normalization_steps=20,
+                             precision=precision))
     settings = settings_for(tmp_path)
     trainer = VanillaPpoTrainer(hp, settings, scenario_instance=build_graph_isomorphism(hp, settings, **datasets()))
     before = trainer.test()["test_mean_accuracy"]

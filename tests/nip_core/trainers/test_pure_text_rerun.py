@@ -61,11 +61,16 @@ def test_rerun_tests_replays_the_base_runs_models(tmp_path):
         base.close()
         runs = tmp_path / "runs"
         (wandb_run,) = read_offline_runs(str(runs / "base"))
-        artifacts = {(a["name"], a["type"], tuple(a["files"])) for a in wandb_run["artifacts"]}
-        assert {("full_rollouts_base", "full_rollouts", ("0.json",)), ("full_rollouts_base", "full_rollouts",
-                ("1.json",)), ("raw_transcript_base", "raw_transcript", ("raw_0.yaml",)),
-                ("raw_transcript_base", "raw_transcript", ("raw_1.yaml",)),
-                ("state_base", "state", ("hyper_params.json", "state.json"))} == artifacts
+        # Artifact entries are named by their run-store path (what a W&B restore writes back).
+        logged = {(a["name"], a["type"], tuple(a["files"])) for a in wandb_run["artifacts"]
+                  if a["type"] != "state"}
+        assert {("full_rollouts_base", "full_rollouts", ("rollouts/0.json",)),
+                ("full_rollouts_base", "full_rollouts", ("rollouts/1.json",)),
+                ("raw_transcript_base", "raw_transcript", ("transcripts/raw_0.yaml",)),
+                ("raw_transcript_base", "raw_transcript", ("transcripts/raw_1.yaml",))} == logged
+        states = [set(a["files"]) for a in wandb_run["artifacts"] if a["type"] == "state"]
+        assert all({"hyper_params.json", "state.json", "metadata.json"} <= files for files in states)
+        assert {a["name"] for a in wandb_run["artifacts"] if a["type"] == "state"} == {"state_base"}
         assert sum(a["name"] == "state_base" for a in wandb_run["artifacts"]) == 9  # one per stage run
         models = [json.loads((runs / "base" / "models" / f"iter_{i}.json").read_text()) for i in (0, 1)]
         assert models[0] == {"prover": "gpt-4o-mini-2024-07-18", "verifier": "gpt-4o-mini-2024-07-18"}
@@ -83,6 +88,9 @@ def test_rerun_tests_replays_the_base_runs_models(tmp_path):
         rerun.train()
         rerun.close()
         assert rerun.next_stage() == (2, "done")
+        # the rerun stepped through the base run's iterations; the last one it loaded was 1
+        assert json.loads((runs / "rerun" / "state.json").read_text())["base_run_state_artifact_version"] == 1
+        assert "metrics" in json.loads((runs / "rerun" / "stages" / "it2_test.json").read_text())  # final models
         for i in (0, 1):  # the same models, tested on the whole test set, nothing trained
             assert json.loads((runs / "rerun" / "models" / f"iter_{i}.json").read_text()) == models[i]
             assert len(json.loads((runs / "rerun" / "rollouts" / f"test_{i}.json").read_text())) == 4

@@ -13,6 +13,17 @@ from torch import Tensor, nn
 from nip_core.agents.mlp import activation_class
 
 
+AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
+
+
+def compute_dtype(reference: Tensor, parameter: Tensor) -> torch.dtype:
+    """The dtype activations have: autocast's lower-precision dtype when it is on, else the weights'."""
+    device_type = reference.device.type
+    if device_type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return parameter.dtype
+
+
 class DenseGinLayer(nn.Module):
     """``x'_i = MLP((1 + eps) x_i + sum_j A_ij x_j)`` with ``eps = 0``, masked to real nodes."""
 
@@ -20,10 +31,9 @@ class DenseGinLayer(nn.Module):
         super().__init__()
         self.mlp = nn.Sequential(nn.Linear(d, d_mlp), activation_class(activation)(), nn.Linear(d_mlp, d))
 
-    def forward(self, h: Tensor, adjacency: Tensor, node_mask: Tensor) -> Tensor:
-        # h: (..., N, d); adjacency: (..., N, N) float; node_mask: (..., N) float
-        aggregated = h + adjacency @ h
-        return self.mlp(aggregated) * node_mask.unsqueeze(-1)
+    def forward(self, h: Tensor, self_adjacency: Tensor, node_mask: Tensor) -> Tensor:
+        # h: (..., N, d); self_adjacency: (..., N, N) float, A + I; node_mask: (..., N, 1) float
+        return self.mlp(self_adjacency @ h) * node_mask
 
 
 class GraphIsomorphismGnn(nn.Module):
@@ -37,12 +47,34 @@ class GraphIsomorphismGnn(nn.Module):
         self.layers = nn.ModuleList(DenseGinLayer(d_gnn, d_gin_mlp, activation) for _ in range(num_layers))
         self.output_digits = output_digits
 
-    def forward(self, features: Tensor, adjacency: Tensor, node_mask: Tensor) -> Tensor:
-        h = self.input_layer(features) * node_mask.unsqueeze(-1)
+    def forward(self, features: Tensor | None, adjacency: Tensor, node_mask: Tensor, dual: bool = False) -> Tensor:
+        """Node features ``(B, 2, N, d_gnn)``, or ``(B, 2, N, 2 d_gnn)`` with ``dual``.
+
+        ``features`` is ``(B, 2, N, d_input)``, or ``None`` for all-zero features. With
+        ``dual`` the network also runs on all-zero features (the second half of the
+        output); both passes go through the layers as one batch of ``2B`` graph pairs.
+        """
+        mask = node_mask.unsqueeze(-1)
+        zero_input = (self.input_layer.bias.to(mask.dtype) * mask).expand(*mask.shape[:-1],
+                                                                          self.input_layer.out_features)
+        if features is None:
+            h = zero_input
+        else:
+            h = self.input_layer(features).to(mask.dtype) * mask
+            if dual:
+                h = torch.cat([h, zero_input], dim=0)
+                mask = torch.cat([mask, mask], dim=0)
+                adjacency = torch.cat([adjacency, adjacency], dim=0)
+        # GIN aggregation (1 + eps) x_i + sum_j A_ij x_j with eps = 0, as one product
+        self_adjacency = adjacency + torch.eye(adjacency.shape[-1], device=adjacency.device,
+                                               dtype=adjacency.dtype)
         for layer in self.layers:
-            h = layer(self.activation(h), adjacency, node_mask)
+            h = layer(self.activation(h), self_adjacency, mask)
         if self.output_digits is not None:
             h = torch.round(h, decimals=self.output_digits)
+        if features is not None and dual:
+            half = h.shape[0] // 2
+            h = torch.cat([h[:half], h[half:]], dim=-1)
         return h
 
 
@@ -94,6 +126,7 @@ class GraphIsomorphismAgentBody(nn.Module):
         same_graph[2:2 + N, 2:2 + N] = True
         same_graph[2 + N:, 2 + N:] = True
         self.register_buffer("same_graph_mask", same_graph, persistent=False)
+        self._token_slices = (d_gnn_out, d_gnn_out + 2)  # [repr | flags | message] input columns
 
     def forward(self, x: Tensor, adjacency: Tensor, message: Tensor, node_mask: Tensor,
                 ignore_message: Tensor) -> tuple[Tensor, Tensor]:
@@ -114,11 +147,10 @@ class GraphIsomorphismAgentBody(nn.Module):
         """
         B, N = x.shape[0], self.max_nodes
         features = x.reshape(B, -1, 2, N).permute(0, 2, 3, 1)  # (B, 2, N, d_input)
-        adj = adjacency.float()
-        mask_f = node_mask.float()
-        h = self.gnn(features, adj, mask_f)
-        if self.use_dual_gnn:
-            h = torch.cat([h, self.gnn(torch.zeros_like(features), adj, mask_f)], dim=-1)
+        dtype = compute_dtype(x, self.gnn.input_layer.weight)  # bf16 under bf16 autocast
+        adj = adjacency.to(dtype)
+        mask_f = node_mask.to(dtype)
+        h = self.gnn(features, adj, mask_f, dual=self.use_dual_gnn)
         pooled = h.sum(-2)  # (B, 2, d)
         if self.batch_norm is not None:
             pooled = self.batch_norm(pooled.reshape(B * 2, -1)).reshape(B, 2, -1)
@@ -128,17 +160,76 @@ class GraphIsomorphismAgentBody(nn.Module):
             pooled = torch.stack([pooled.mean(1), 0.5 * (pooled[:, 0] - pooled[:, 1]).abs()], dim=1)
         d_message = message.shape[1] * message.shape[2]
         msg = message.reshape(B, d_message, 2 * N).transpose(1, 2)  # (B, 2N, d_message)
-        msg = msg * (~ignore_message).float()[:, None, None]
-        flags = torch.eye(2, device=x.device).expand(B, 2, 2)
-        pooled_tokens = torch.cat([pooled, flags, torch.zeros(B, 2, d_message, device=x.device)], -1)
-        node_tokens = torch.cat([h.reshape(B, 2 * N, -1), torch.zeros(B, 2 * N, 2, device=x.device), msg], -1)
-        tokens = self.token_encoder(torch.cat([pooled_tokens, node_tokens], dim=1))  # (B, L, d_t)
+        msg = msg * (~ignore_message).to(msg.dtype)[:, None, None]
+        tokens = self._encode_tokens(pooled, h.reshape(B, 2 * N, -1), msg)  # (B, L, d_t)
         if self.transformer is not None:
-            key_absent = torch.cat([torch.zeros(B, 2, dtype=torch.bool, device=x.device),
-                                    ~node_mask.reshape(B, 2 * N)], dim=1)
-            blocked = self.same_graph_mask.unsqueeze(0) | key_absent.unsqueeze(1)  # (B, L, L)
-            attn_mask = torch.zeros(blocked.shape, device=x.device).masked_fill(blocked, float("-inf"))
-            attn_mask = attn_mask.repeat_interleave(self.num_heads, dim=0)
-            tokens = self.transformer(tokens, mask=attn_mask)
+            # Additive attention mask (B, 1, L, L): node tokens do not see the nodes of their
+            # own graph, and nobody sees absent nodes.
+            key_absent = torch.cat([node_mask.new_zeros(B, 2), ~node_mask.reshape(B, 2 * N)], dim=1)
+            blocked = self.same_graph_mask.unsqueeze(0) | key_absent.unsqueeze(1)
+            attn_mask = torch.zeros(blocked.shape, device=tokens.device, dtype=tokens.dtype)
+            attn_mask = attn_mask.masked_fill_(blocked, float("-inf")).unsqueeze(1)
+            for layer in self.transformer.layers:
+                tokens = encoder_layer_forward(layer, tokens, attn_mask)
+            if self.transformer.norm is not None:
+                tokens = self.transformer.norm(tokens)
         reprs = self.representation_encoder(tokens)
         return reprs[:, :2], reprs[:, 2:].reshape(B, 2, N, -1)
+
+    def _encode_tokens(self, pooled: Tensor, node_h: Tensor, msg: Tensor) -> Tensor:
+        """``token_encoder`` of the tokens ``[pooled | flag | 0]`` and ``[node | 0 | message]``.
+
+        The encoder is linear, so its weight is applied block by block instead of to
+        concatenations that are mostly zeros.
+        """
+        weight, bias = self.token_encoder.weight, self.token_encoder.bias
+        a, b = self._token_slices
+        w_repr, w_flag, w_msg = weight[:, :a], weight[:, a:b], weight[:, b:]
+        # pooled token i carries the one-hot flag i: its contribution is column i of w_flag
+        pooled_tokens = torch.nn.functional.linear(pooled, w_repr) + (w_flag.t() + bias)
+        node_tokens = torch.addmm(bias, node_h.reshape(-1, a), w_repr.t()).reshape(*node_h.shape[:2], -1)
+        node_tokens = node_tokens + msg @ w_msg.t()
+        return torch.cat([pooled_tokens.to(node_tokens.dtype), node_tokens], dim=1)
+
+
+def encoder_layer_forward(layer: nn.TransformerEncoderLayer, x: Tensor, attn_mask: Tensor) -> Tensor:
+    """``layer(x, src_mask)`` written out for short sequences (batch first).
+
+    Equivalent to :class:`torch.nn.TransformerEncoderLayer`'s forward (post- or pre-norm,
+    dropout where it has it), with explicit attention products instead of a fused
+    scaled-dot-product kernel: for sequences of ~24 tokens and head size 4 the fused CPU
+    kernels cost several times the arithmetic. ``attn_mask`` is additive, broadcast to
+    ``(B, heads, L, L)``.
+    """
+    attention = layer.self_attn
+    B, L, d = x.shape
+    H = attention.num_heads
+    p_drop = layer.dropout.p if layer.training else 0.0
+    p_attention = attention.dropout if layer.training else 0.0
+
+    def self_attention(src: Tensor) -> Tensor:
+        qkv = torch.nn.functional.linear(src, attention.in_proj_weight, attention.in_proj_bias)
+        q, k, v = qkv.view(B, L, 3, H, d // H).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, dh) each
+        scores = torch.baddbmm(attn_mask.expand(B, H, L, L).reshape(B * H, L, L),
+                               q.reshape(B * H, L, -1), k.reshape(B * H, L, -1).transpose(1, 2),
+                               alpha=(d // H) ** -0.5)
+        # float32 softmax: bf16 softmax over rows of ~24 is several times slower on CPUs
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        if p_attention > 0:
+            weights = torch.nn.functional.dropout(weights, p_attention)
+        out = torch.bmm(weights, v.reshape(B * H, L, -1)).view(B, H, L, -1).transpose(1, 2).reshape(B, L, d)
+        out = attention.out_proj(out)
+        return torch.nn.functional.dropout(out, p_drop) if p_drop > 0 else out
+
+    def feed_forward(src: Tensor) -> Tensor:
+        hidden = layer.activation(layer.linear1(src))
+        if p_drop > 0:
+            hidden = torch.nn.functional.dropout(hidden, p_drop)
+        out = layer.linear2(hidden)
+        return torch.nn.functional.dropout(out, p_drop) if p_drop > 0 else out
+
+    if layer.norm_first:
+        x = x + self_attention(layer.norm1(x))
+        return x + feed_forward(layer.norm2(x))
+    x = layer.norm1(x + self_attention(x))
+    return layer.norm2(x + feed_forward(x))

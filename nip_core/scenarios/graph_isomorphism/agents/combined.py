@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from nip_core.agents.lr_groups import body_groups, drop_frozen, head_group, shared_body_groups
 from nip_core.agents.mlp import agent_init_seed, orthogonal_init
 from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody
+from nip_core.scenarios.graph_isomorphism.agents.stacked import can_stack, stacked_bodies_forward
 from nip_core.scenarios.graph_isomorphism.agents.heads import (
     ConstantValueHead,
     GraphIsomorphismPolicyHead,
@@ -140,23 +141,56 @@ class CombinedAgents(nn.Module):
         return logits.masked_fill(prover_block | absent, MASK_VALUE)
 
     def policy(self, td: TensorDictBase) -> tuple[Tensor, Tensor]:
-        """``(main_message_logits (B, A, C, M, 2N), decision_logits (B, A, 3))``."""
+        """``(main_message_logits (B, A, C, M, 2N), decision_logits (B, A, 3))``, float32.
+
+        The logits are float32 whatever the precision the bodies ran in (bf16 autocast):
+        log-probabilities and ratios are computed from them.
+        """
+        return self._policy_from(td, self._body_outputs(td, self.policy_body))
+
+    def value(self, td: TensorDictBase) -> Tensor:
+        """``(B, A, 1)`` values, float32 (see :meth:`policy`)."""
+        return self._values_from(td, self._body_outputs(td, self._value_bodies()))
+
+    def policy_and_value(self, td: TensorDictBase) -> tuple[Tensor, Tensor, Tensor]:
+        """``(*self.policy(td), self.value(td))`` with each body run once.
+
+        A shared body gives both heads the same representations; separate policy and value
+        bodies of one agent (equal shapes) run stacked, as one batched computation
+        (:func:`~nip_core.scenarios.graph_isomorphism.agents.stacked.stacked_bodies_forward`).
+        """
+        if self.shared_body:
+            outputs = self._body_outputs(td, self.policy_body)
+            return (*self._policy_from(td, outputs), self._values_from(td, outputs))
+        ignore_message = td["round"] == 0
+        policy_outputs, value_outputs = [], []
+        for index, name in enumerate(self.agent_names):
+            channels = self.visible_channels[index]
+            inputs = (td["x"][:, :, channels], td["adjacency"], td["message"][:, channels], td["node_mask"],
+                      ignore_message)
+            bodies = [self.policy_body[name]] + ([self.value_body[name]] if name in self.value_body else [])
+            if can_stack(bodies):
+                outputs = stacked_bodies_forward(bodies, *inputs)
+            else:
+                outputs = [body(*inputs) for body in bodies]
+            policy_outputs.append(outputs[0])
+            value_outputs.append(outputs[-1])
+        return (*self._policy_from(td, policy_outputs), self._values_from(td, value_outputs))
+
+    def _policy_from(self, td: TensorDictBase, outputs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
         B = td.batch_size[0]
         message_logits = torch.full((B, len(self.agent_names), self.num_channels, self.message_size,
                                      2 * self.max_nodes), MASK_VALUE, device=td["x"].device)
         decision_logits = []
-        for index, (name, (graph_repr, node_repr)) in enumerate(
-                zip(self.agent_names, self._body_outputs(td, self.policy_body))):
+        for index, (name, (graph_repr, node_repr)) in enumerate(zip(self.agent_names, outputs)):
             node_logits, dec_logits = self.policy_head[name](graph_repr, node_repr, td["round"])
-            message_logits[:, index, self.visible_channels[index]] = node_logits
-            decision_logits.append(dec_logits)
+            message_logits[:, index, self.visible_channels[index]] = node_logits.to(message_logits.dtype)
+            decision_logits.append(dec_logits.to(message_logits.dtype))
         return self._mask_message_logits(message_logits, td), torch.stack(decision_logits, 1)
 
-    def value(self, td: TensorDictBase) -> Tensor:
-        """``(B, A, 1)`` values."""
-        values = []
-        for name, (graph_repr, _) in zip(self.agent_names, self._body_outputs(td, self._value_bodies())):
-            values.append(self.value_head[name](graph_repr, td["round"]))
+    def _values_from(self, td: TensorDictBase, outputs: list[tuple[Tensor, Tensor]]) -> Tensor:
+        values = [self.value_head[name](graph_repr, td["round"]).float()
+                  for name, (graph_repr, _) in zip(self.agent_names, outputs)]
         return torch.stack(values, 1)
 
     def _value_bodies(self) -> nn.ModuleDict:

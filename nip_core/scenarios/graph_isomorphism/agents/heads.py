@@ -98,7 +98,8 @@ class RandomPolicyHead(nn.Module):
     def forward(self, graph_repr, node_repr, round_):
         B = graph_repr.shape[0]
         zero = self.dummy * 0
-        return zero + torch.zeros(B, *self.shape, device=graph_repr.device), zero + torch.zeros(B, 3)
+        return (zero + torch.zeros(B, *self.shape, device=graph_repr.device),
+                zero + torch.zeros(B, 3, device=graph_repr.device))
 
 
 class ConstantValueHead(nn.Module):

@@ -1,0 +1,228 @@
+"""Several agent bodies of equal shape run as one batched computation.
+
+With ``rl.use_shared_body = False`` every agent has a policy body and a value body of the
+same shapes that see the same input. :func:`stacked_bodies_forward` runs such bodies
+together: their weights are stacked (``torch.stack``, on the fly, so every body keeps
+owning its parameters and the checkpoint keys stay as they are) and every layer becomes
+one batched product (``bmm``/``baddbmm``) over a leading body dimension ``K``, every
+activation one elementwise op over all bodies. The result equals running each body on its
+own up to float rounding (batched products may sum in another order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody, compute_dtype
+
+
+def _structure(body: nn.Module) -> tuple:
+    """What must agree between bodies for them to run stacked: settings and parameter shapes."""
+    if type(body) is not GraphIsomorphismAgentBody:
+        return (type(body),)
+    layers = body.transformer.layers if body.transformer is not None else []
+    settings = (body.use_dual_gnn, body.use_pair_invariant_pooling, body.noise_sigma, body.num_heads,
+                body.gnn.output_digits, type(body.gnn.activation), body.batch_norm is None,
+                body.batch_norm.eps if body.batch_norm is not None else None,
+                body.transformer is not None and body.transformer.norm is None,
+                tuple((layer.norm_first, layer.activation, layer.dropout.p, layer.self_attn.dropout,
+                       layer.norm1.eps, layer.norm2.eps) for layer in layers))
+    return settings + tuple((name, tuple(p.shape)) for name, p in body.named_parameters())
+
+
+def can_stack(bodies: Sequence[nn.Module]) -> bool:
+    """Whether :func:`stacked_bodies_forward` can run ``bodies`` (GI bodies of one structure)."""
+    if len(bodies) < 2 or type(bodies[0]) is not GraphIsomorphismAgentBody:
+        return False
+    first = _structure(bodies[0])
+    return all(_structure(body) == first for body in bodies[1:])
+
+
+def _weights(linears: Sequence[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+    """``(K, d_in, d_out)`` transposed weights and ``(K, 1, d_out)`` biases of ``linears``."""
+    weight = torch.stack([linear.weight for linear in linears]).transpose(1, 2)
+    if linears[0].bias is None:
+        return weight, None
+    return weight, torch.stack([linear.bias for linear in linears]).unsqueeze(1)
+
+
+def _linear(x: Tensor, linears: Sequence[nn.Linear]) -> Tensor:
+    """Body ``k``'s ``linears[k]`` applied to ``x[k]``; ``x`` is ``(K, ..., d_in)``."""
+    weight, bias = _weights(linears)
+    flat = x.reshape(x.shape[0], -1, x.shape[-1])
+    out = torch.bmm(flat, weight) if bias is None else torch.baddbmm(bias, flat, weight)
+    return out.view(*x.shape[:-1], weight.shape[-1])
+
+
+def _shared_linear(x: Tensor, linears: Sequence[nn.Linear]) -> Tensor:
+    """Every body's linear layer applied to the same input ``x (..., d_in)``: ``(K, ..., d_out)``."""
+    weight, bias = _weights(linears)
+    out = torch.matmul(x.reshape(1, -1, x.shape[-1]), weight)
+    if bias is not None:
+        out = out + bias
+    return out.view(len(linears), *x.shape[:-1], weight.shape[-1])
+
+
+def _layer_norm(x: Tensor, norms: Sequence[nn.LayerNorm]) -> Tensor:
+    """Per-body layer norm of ``x (K, M, d)``: shared normalisation, per-body affine."""
+    out = F.layer_norm(x, norms[0].normalized_shape, None, None, norms[0].eps)
+    if norms[0].weight is None:
+        return out
+    weight = torch.stack([n.weight for n in norms]).unsqueeze(1)
+    bias = torch.stack([n.bias for n in norms]).unsqueeze(1)
+    return torch.addcmul(bias, out, weight)
+
+
+def _gnn(bodies: Sequence[GraphIsomorphismAgentBody], features: Tensor, adjacency: Tensor,
+         mask: Tensor) -> Tensor:
+    """The bodies' GNNs (dual or not) on shared inputs: ``(K, B, 2, N, d)`` node features."""
+    gnns = [body.gnn for body in bodies]
+    K = len(gnns)
+    inputs = [gnn.input_layer for gnn in gnns]
+    mask = mask.unsqueeze(-1)  # (B, 2, N, 1)
+    zero_input = torch.stack([layer.bias for layer in inputs]).to(mask.dtype).view(K, 1, 1, 1, -1) * mask
+    h = _shared_linear(features, inputs).to(mask.dtype) * mask
+    dual = bodies[0].use_dual_gnn
+    if dual:
+        h = torch.cat([h, zero_input], dim=1)
+        mask = torch.cat([mask, mask], dim=0)
+        adjacency = torch.cat([adjacency, adjacency], dim=0)
+    B2, N = adjacency.shape[0], adjacency.shape[-1]
+    self_adjacency = adjacency + torch.eye(N, device=adjacency.device, dtype=adjacency.dtype)
+    # one (N, N) block per body and graph, made once for every layer
+    self_adjacency = self_adjacency.expand(K, *self_adjacency.shape).reshape(-1, N, N)
+    activation = gnns[0].activation
+    for depth in range(len(gnns[0].layers)):
+        mlps = [gnn.layers[depth].mlp for gnn in gnns]
+        x = activation(h)
+        x = torch.bmm(self_adjacency, x.reshape(-1, N, x.shape[-1])).view(K, B2, 2, N, -1)
+        x = _linear(x, [mlp[0] for mlp in mlps])
+        x = _linear(mlps[0][1](x), [mlp[2] for mlp in mlps])
+        h = x * mask
+    if gnns[0].output_digits is not None:
+        h = torch.round(h, decimals=gnns[0].output_digits)
+    if dual:
+        half = B2 // 2
+        h = torch.cat([h[:, :half], h[:, half:]], dim=-1)
+    return h
+
+
+def _encoder_layer(layers: Sequence[nn.TransformerEncoderLayer], x: Tensor, attn_mask: Tensor) -> Tensor:
+    """:func:`~nip_core.scenarios.graph_isomorphism.agents.body.encoder_layer_forward` of
+    every body at once; ``x`` is ``(K, B, L, d)``, ``attn_mask`` ``(B, 1, L, L)`` additive."""
+    first = layers[0]
+    K, B, L, d = x.shape
+    H = first.self_attn.num_heads
+    p_drop = first.dropout.p if first.training else 0.0
+    p_attention = first.self_attn.dropout if first.training else 0.0
+    x = x.reshape(K, B * L, d)
+
+    def dropout(t: Tensor, p: float) -> Tensor:
+        return F.dropout(t, p) if p > 0 else t
+
+    def self_attention(src: Tensor) -> Tensor:
+        attention = [layer.self_attn for layer in layers]
+        weight = torch.stack([a.in_proj_weight for a in attention]).transpose(1, 2)
+        bias = torch.stack([a.in_proj_bias for a in attention]).unsqueeze(1)
+        qkv = torch.baddbmm(bias, src, weight)
+        q, k, v = qkv.view(K, B, L, 3, H, d // H).permute(3, 0, 1, 4, 2, 5).unbind(0)  # (K, B, H, L, dh)
+        scores = torch.baddbmm(attn_mask.expand(K, B, H, L, L).reshape(K * B * H, L, L),
+                               q.reshape(K * B * H, L, -1), k.reshape(K * B * H, L, -1).transpose(1, 2),
+                               alpha=(d // H) ** -0.5)
+        # float32 softmax, as in the single-body layer
+        probabilities = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        probabilities = dropout(probabilities, p_attention)
+        out = torch.bmm(probabilities, v.reshape(K * B * H, L, -1))
+        out = out.view(K, B, H, L, -1).transpose(2, 3).reshape(K, B * L, d)
+        return dropout(_linear(out, [a.out_proj for a in attention]), p_drop)
+
+    def feed_forward(src: Tensor) -> Tensor:
+        hidden = dropout(first.activation(_linear(src, [layer.linear1 for layer in layers])), p_drop)
+        return dropout(_linear(hidden, [layer.linear2 for layer in layers]), p_drop)
+
+    norm1, norm2 = [layer.norm1 for layer in layers], [layer.norm2 for layer in layers]
+    if first.norm_first:
+        x = x + self_attention(_layer_norm(x, norm1))
+        x = x + feed_forward(_layer_norm(x, norm2))
+    else:
+        x = _layer_norm(x + self_attention(x), norm1)
+        x = _layer_norm(x + feed_forward(x), norm2)
+    return x.view(K, B, L, d)
+
+
+def stacked_bodies_forward(bodies: Sequence[GraphIsomorphismAgentBody], x: Tensor, adjacency: Tensor,
+                           message: Tensor, node_mask: Tensor,
+                           ignore_message: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """``[body(x, adjacency, message, node_mask, ignore_message) for body in bodies]`` in one pass.
+
+    Parameters
+    ----------
+    bodies
+        Bodies for which :func:`can_stack` holds.
+    x, adjacency, message, node_mask, ignore_message
+        As :meth:`GraphIsomorphismAgentBody.forward`, shared by all bodies.
+
+    Returns
+    -------
+    list of (graph_level_repr (B, 2, d_repr), node_level_repr (B, 2, N, d_repr))
+        One pair per body, in the order of ``bodies``.
+    """
+    first = bodies[0]
+    K, B, N = len(bodies), x.shape[0], first.max_nodes
+    features = x.reshape(B, -1, 2, N).permute(0, 2, 3, 1)  # (B, 2, N, d_input)
+    dtype = compute_dtype(x, first.gnn.input_layer.weight)
+    mask_f = node_mask.to(dtype)
+    h = _gnn(bodies, features, adjacency.to(dtype), mask_f)  # (K, B, 2, N, d)
+    pooled = h.sum(-2)  # (K, B, 2, d)
+    d_pool = pooled.shape[-1]
+    if first.batch_norm is not None:
+        # batch statistics per channel: the bodies' channels side by side in one batch norm
+        norms = [body.batch_norm for body in bodies]
+        flat = pooled.permute(1, 2, 0, 3).reshape(B * 2, K * d_pool)
+        flat = F.batch_norm(flat, None, None, torch.cat([n.weight for n in norms]),
+                            torch.cat([n.bias for n in norms]), True, 0.0, norms[0].eps)
+        pooled = flat.view(B, 2, K, d_pool).permute(2, 0, 1, 3)
+    if first.training and first.noise_sigma > 0:
+        pooled = pooled * (1 + first.noise_sigma * torch.randn_like(pooled[:, :, :1]))
+    if first.use_pair_invariant_pooling:
+        pooled = torch.stack([pooled.mean(2), 0.5 * (pooled[:, :, 0] - pooled[:, :, 1]).abs()], dim=2)
+    d_message = message.shape[1] * message.shape[2]
+    msg = message.reshape(B, d_message, 2 * N).transpose(1, 2)  # (B, 2N, d_message)
+    msg = msg * (~ignore_message).to(msg.dtype)[:, None, None]
+    tokens = _encode_tokens(bodies, pooled, h.reshape(K, B, 2 * N, -1), msg)  # (K, B, L, d_t)
+    if first.transformer is not None:
+        key_absent = torch.cat([node_mask.new_zeros(B, 2), ~node_mask.reshape(B, 2 * N)], dim=1)
+        blocked = first.same_graph_mask.unsqueeze(0) | key_absent.unsqueeze(1)
+        attn_mask = torch.zeros(blocked.shape, device=tokens.device, dtype=tokens.dtype)
+        attn_mask = attn_mask.masked_fill_(blocked, float("-inf")).unsqueeze(1)
+        for depth in range(len(first.transformer.layers)):
+            tokens = _encoder_layer([body.transformer.layers[depth] for body in bodies], tokens, attn_mask)
+        if first.transformer.norm is not None:
+            tokens = _layer_norm(tokens.reshape(K, -1, tokens.shape[-1]),
+                                 [body.transformer.norm for body in bodies]).view(tokens.shape)
+    reprs = _linear(tokens, [body.representation_encoder for body in bodies])  # (K, B, L, d_repr)
+    return [(reprs[k, :, :2], reprs[k, :, 2:].reshape(B, 2, N, -1)) for k in range(K)]
+
+
+def _encode_tokens(bodies: Sequence[GraphIsomorphismAgentBody], pooled: Tensor, node_h: Tensor,
+                   msg: Tensor) -> Tensor:
+    """``GraphIsomorphismAgentBody._encode_tokens`` of every body: ``(K, B, 2 + 2N, d_t)``.
+
+    ``pooled`` is ``(K, B, 2, d)``, ``node_h`` ``(K, B, 2N, d)``, ``msg`` ``(B, 2N, d_message)``.
+    """
+    a, b = bodies[0]._token_slices
+    weight = torch.stack([body.token_encoder.weight for body in bodies])  # (K, d_t, d_in)
+    bias = torch.stack([body.token_encoder.bias for body in bodies]).unsqueeze(1)  # (K, 1, d_t)
+    w_repr, w_flag, w_msg = weight[..., :a].transpose(1, 2), weight[..., a:b], weight[..., b:].transpose(1, 2)
+    K, B = pooled.shape[:2]
+    # pooled token i carries the one-hot flag i: its contribution is column i of w_flag
+    pooled_tokens = torch.bmm(pooled.reshape(K, B * 2, a), w_repr).view(K, B, 2, -1)
+    pooled_tokens = pooled_tokens + (w_flag.transpose(1, 2) + bias).unsqueeze(1)
+    node_tokens = torch.baddbmm(bias, node_h.reshape(K, -1, a), w_repr)
+    node_tokens = node_tokens + torch.matmul(msg.reshape(1, -1, msg.shape[-1]), w_msg)
+    node_tokens = node_tokens.view(K, B, -1, node_tokens.shape[-1])
+    return torch.cat([pooled_tokens.to(node_tokens.dtype), node_tokens], dim=2)

@@ -1,0 +1,131 @@
+"""rl.precision (fp32 / bf16 mixed precision), the GI hot path's kernels, and device-readiness."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+import torch
+from torch import nn
+
+from nip_core.environments.rollouts import collect_batch
+from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismGnn, encoder_layer_forward
+from nip_core.trainers.precision import autocast_dtype, precision_context
+from tests.nip_core.trainers.gi_helpers import TINY, make_trainer, params_of, tiny_params
+
+AGENT = dict(TINY, num_transformer_layers=1, d_transformer=8, num_heads=2, d_transformer_mlp=8, d_gnn=4)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_layer_forward_matches_torch_layer(norm_first):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 4, 64, dropout=0.0, batch_first=True, norm_first=norm_first)
+    x = torch.randn(5, 24, 16)
+    blocked = torch.rand(5, 24, 24) < 0.3
+    blocked[..., :2] = False  # every query sees at least the two pooled tokens
+    mask = torch.zeros(5, 24, 24).masked_fill(blocked, float("-inf"))
+    expected = layer(x, src_mask=mask.repeat_interleave(4, dim=0))
+    got = encoder_layer_forward(layer, x, mask.unsqueeze(1))
+    assert got.shape == (5, 24, 16)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_dual_gnn_is_one_batch_of_the_two_passes():
+    torch.manual_seed(0)
+    gnn = GraphIsomorphismGnn(6, 4, 8, 3, "tanh")
+    features = torch.randn(3, 2, 5, 6)
+    adjacency = (torch.rand(3, 2, 5, 5) < 0.5).float()
+    adjacency = ((adjacency + adjacency.transpose(-1, -2)) > 0).float() * (1 - torch.eye(5))
+    mask = torch.ones(3, 2, 5)
+    mask[0, 1, 4] = 0
+    adjacency = adjacency * mask.unsqueeze(-1) * mask.unsqueeze(-2)
+    dual = gnn(features, adjacency, mask, dual=True)
+    assert dual.shape == (3, 2, 5, 8)
+    torch.testing.assert_close(dual[..., :4], gnn(features, adjacency, mask), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dual[..., 4:], gnn(torch.zeros_like(features), adjacency, mask),
+                               rtol=1e-6, atol=1e-6)
+    assert (dual[0, 1, 4] == 0).all()  # an absent node stays zero
+
+
+def test_unknown_precision_is_refused():
+    assert autocast_dtype("fp32") is None and autocast_dtype("bf16") == torch.bfloat16
+    with pytest.raises(ValueError, match="rl.precision"):
+        autocast_dtype("fp16")
+    with pytest.raises(pydantic.ValidationError, match="precision"):
+        tiny_params(rl=dict(precision="fp16"))
+
+
+def test_bf16_runs_the_bodies_in_bf16_and_returns_fp32_logits_and_values(tmp_path):
+    trainer = make_trainer(tiny_params(agents={"_default": AGENT}, rl=dict(precision="bf16")), tmp_path)
+    td = trainer.train_env.reset()
+    body = trainer.agents.policy_body[trainer.agent_names[0]]
+    seen = []
+    handle = body.register_forward_hook(lambda module, args, out: seen.append(out[1].dtype))
+    with torch.no_grad():
+        with trainer._precision():
+            logits, decisions = trainer.agents.policy(td)
+            values = trainer.agents.value(td)
+        fp32_logits, _ = trainer.agents.policy(td)
+    handle.remove()
+    assert seen[0] == torch.bfloat16 and seen[-1] == torch.float32
+    assert logits.dtype == decisions.dtype == values.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in trainer.agents.parameters())  # fp32 master weights
+    present = fp32_logits > -1e8
+    assert (logits[present] - fp32_logits[present]).abs().max() < 0.2  # bf16 rounding, not garbage
+    assert not torch.equal(logits, fp32_logits)
+
+
+def test_bf16_resume_is_bit_identical(tmp_path):
+    hp = tiny_params(agents={"_default": AGENT}, rl=dict(precision="bf16"))
+    straight = make_trainer(hp, tmp_path / "a")
+    straight.run_iterations(0, 4)
+    first = make_trainer(hp, tmp_path / "b")
+    first.run_iterations(0, 2)
+    del first
+    second = make_trainer(hp, tmp_path / "b")
+    second.run_iterations(2, 4)
+    a, b = params_of(straight), params_of(second)
+    assert all(v.dtype != torch.bfloat16 for v in a.values())
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("loss_type", ["clip", "kl_penalty"])
+def test_hot_path_tensors_follow_the_device(tmp_path, loss_type):
+    """On the meta device a tensor made on the CPU in the hot path (no ``device=``) or a
+    tensor attribute that is not a registered buffer breaks the forward pass."""
+    hp = tiny_params(agents={"_default": AGENT}, ppo=dict(loss_type=loss_type), rl=dict(use_shared_body=False))
+    trainer = make_trainer(hp, tmp_path)
+    with torch.no_grad():
+        batch, _ = collect_batch(trainer.train_env, trainer.policy_operator, trainer._carried_td, 4)
+        trainer._add_values_and_advantages(batch)
+    minibatch = batch.reshape(-1)[:8].to("meta")
+    trainer.loss_module.to("meta")
+    tensors = list(trainer.loss_module.parameters()) + list(trainer.loss_module.buffers())
+    assert len(list(trainer.agents.buffers())) >= 2  # masks and prover flags are buffers
+    assert all(t.device.type == "meta" for t in tensors)
+    losses = trainer.loss_module(minibatch)
+    assert losses["loss_objective"].device.type == "meta"
+    assert losses["agents", "loss_critic"].shape == (len(trainer.agent_names),)
+    for part in ("policy_body", "value_body"):
+        for body in getattr(trainer.agents, part).values():
+            assert body.same_graph_mask.device.type == "meta"
+
+
+def test_compile_mode_compiles_the_loss_forward_once(tmp_path, monkeypatch):
+    trainer = make_trainer(tiny_params(), tmp_path)
+    calls = []
+
+    def fake_compile(module, mode=None):
+        calls.append(mode)
+        return lambda td: {"compiled": module(td)}
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    with torch.no_grad():
+        batch, _ = collect_batch(trainer.train_env, trainer.policy_operator, trainer._carried_td, 2)
+        trainer._add_values_and_advantages(batch)
+    minibatch = batch.reshape(-1)[:4]
+    assert "compiled" not in trainer._loss_forward(minibatch)  # eager by default
+    trainer.compile_mode = "reduce-overhead"
+    assert "compiled" in trainer._loss_forward(minibatch)
+    assert "compiled" in trainer._loss_forward(minibatch)
+    assert calls == ["reduce-overhead"]
