@@ -75,6 +75,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -224,7 +225,7 @@ class Probe:
                 record.update(work_s=0.0, run_stage_s=0.0, hooks_s=0.0, executed=False)
             record["overhead_s"] = task_s - record["work_s"]
             if record["overhead_s"] < 0:
-                raise AssertionError(f"stage {record}: work longer than the task around it")
+                raise RuntimeError(f"stage {record}: work longer than the task around it")
             self.stages.append(record)
             return result
         return timed
@@ -459,6 +460,7 @@ def main(argv=None) -> int:
         if api is not None:
             api.stop()
         stop_process(server)
+        shutil.rmtree(work, ignore_errors=True)  # run stores and Prefect's database (--json-out keeps the figures)
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=1))
     print(f"ppo_ratio={ppo_ratio:.4f} text_overhead_per_stage_s={text['median']:.4f} "

@@ -7,9 +7,11 @@ import pytest
 import torch
 from torch import nn
 
+from nip_core.agents.mlp import FastTanh
 from nip_core.environments.rollouts import collect_batch
 from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismGnn, encoder_layer_forward
-from nip_core.trainers.precision import autocast_dtype, precision_context
+from nip_core.scenarios.graph_isomorphism.agents.stacked import can_stack
+from nip_core.trainers.precision import autocast_dtype
 from tests.nip_core.trainers.gi_helpers import TINY, make_trainer, params_of, tiny_params
 
 AGENT = dict(TINY, num_transformer_layers=1, d_transformer=8, num_heads=2, d_transformer_mlp=8, d_gnn=4)
@@ -129,3 +131,57 @@ def test_compile_mode_compiles_the_loss_forward_once(tmp_path, monkeypatch):
     assert "compiled" in trainer._loss_forward(minibatch)
     assert "compiled" in trainer._loss_forward(minibatch)
     assert calls == ["reduce-overhead"]
+
+
+def test_fast_tanh_matches_tanh_and_is_twice_differentiable():
+    torch.manual_seed(0)
+    x = torch.randn(4000, requires_grad=True)
+    y = FastTanh()(x)
+    (grad,) = torch.autograd.grad(y.sum(), x, create_graph=True)
+    (second,) = torch.autograd.grad(grad.sum(), x)
+    reference = x.detach().tanh()
+    torch.testing.assert_close(y, reference, rtol=0, atol=3e-7)
+    torch.testing.assert_close(grad, 1 - reference ** 2, rtol=0, atol=1e-6)
+    torch.testing.assert_close(second, -2 * reference * (1 - reference ** 2), rtol=0, atol=2e-6)
+    small = torch.randn(3, 5, dtype=torch.double, requires_grad=True)
+    assert torch.autograd.gradgradcheck(FastTanh(), (small,))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_stacked_policy_and_value_bodies_match_separate_bodies(tmp_path, norm_first):
+    hp = tiny_params(agents={"_default": AGENT}, rl=dict(use_shared_body=False))
+    trainer = make_trainer(hp, tmp_path)
+    agents = trainer.agents
+    for part in (agents.policy_body, agents.value_body):
+        for body in part.values():
+            for layer in body.transformer.layers:
+                layer.norm_first = norm_first
+    names = trainer.agent_names
+    assert all(can_stack([agents.policy_body[n], agents.value_body[n]]) for n in names)
+    assert not can_stack([agents.policy_body[names[0]]])  # nothing to stack
+    td = trainer.train_env.reset()
+    calls = []
+    handles = [body.register_forward_hook(lambda module, args, out: calls.append(module))
+               for part in (agents.policy_body, agents.value_body) for body in part.values()]
+
+    def outputs_and_grads(fn):
+        agents.zero_grad(set_to_none=True)
+        logits, decisions, values = fn()
+        present = logits > -1e8
+        (logits[present].sum() + decisions.sum() + 3 * values.sum()).backward()
+        return (logits, decisions, values), {k: p.grad.clone() for k, p in agents.named_parameters()
+                                             if p.grad is not None}
+
+    separate, separate_grads = outputs_and_grads(lambda: (*agents.policy(td), agents.value(td)))
+    assert len(calls) == 2 * len(names)
+    calls.clear()
+    stacked, stacked_grads = outputs_and_grads(lambda: agents.policy_and_value(td))
+    assert calls == []  # the bodies ran stacked, not one by one
+    for handle in handles:
+        handle.remove()
+    for a, b in zip(separate, stacked):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert stacked_grads.keys() == separate_grads.keys()
+    assert any(k.startswith("value_body.") for k in stacked_grads)
+    for key, grad in separate_grads.items():
+        torch.testing.assert_close(stacked_grads[key], grad, rtol=1e-4, atol=1e-6)

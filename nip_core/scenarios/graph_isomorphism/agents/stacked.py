@@ -17,7 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody, compute_dtype
+from nip_core.scenarios.graph_isomorphism.agents.body import (
+    GraphIsomorphismAgentBody,
+    attention_core,
+    compute_dtype,
+)
 
 
 def _structure(body: nn.Module) -> tuple:
@@ -130,13 +134,9 @@ def _encoder_layer(layers: Sequence[nn.TransformerEncoderLayer], x: Tensor, attn
         bias = torch.stack([a.in_proj_bias for a in attention]).unsqueeze(1)
         qkv = torch.baddbmm(bias, src, weight)
         q, k, v = qkv.view(K, B, L, 3, H, d // H).permute(3, 0, 1, 4, 2, 5).unbind(0)  # (K, B, H, L, dh)
-        scores = torch.baddbmm(attn_mask.expand(K, B, H, L, L).reshape(K * B * H, L, L),
-                               q.reshape(K * B * H, L, -1), k.reshape(K * B * H, L, -1).transpose(1, 2),
-                               alpha=(d // H) ** -0.5)
-        # float32 softmax, as in the single-body layer
-        probabilities = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-        probabilities = dropout(probabilities, p_attention)
-        out = torch.bmm(probabilities, v.reshape(K * B * H, L, -1))
+        out = attention_core(q.reshape(K * B * H, L, -1), k.reshape(K * B * H, L, -1),
+                             v.reshape(K * B * H, L, -1), attn_mask.expand(K, B, H, L, L).reshape(K * B * H, L, L),
+                             p_attention)
         out = out.view(K, B, H, L, -1).transpose(2, 3).reshape(K, B * L, d)
         return dropout(_linear(out, [a.out_proj for a in attention]), p_drop)
 
