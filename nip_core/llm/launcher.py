@@ -6,7 +6,6 @@ using it ends (:func:`release_local_servers`); one that was running before is le
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import json
@@ -277,7 +276,6 @@ _USE_LOCK = "clients.lock"
 # started itself (None: it found one running).
 _in_use: dict[Path, LocalApiServer | None] = {}
 _in_use_guard = threading.Lock()
-_atexit_registered = False
 
 
 @contextlib.contextmanager
@@ -312,16 +310,12 @@ def _live_clients(data_dir: Path) -> list[int]:
 
 
 def _register_use(data_dir: Path, started: LocalApiServer | None) -> None:
-    global _atexit_registered
     path = _client_file(data_dir, os.getpid())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(str(os.getpid()))
     with _in_use_guard:
         if _in_use.get(data_dir) is None:
             _in_use[data_dir] = started
-        if not _atexit_registered:
-            atexit.register(release_local_servers)
-            _atexit_registered = True
 
 
 def _autostarted_pid(data_dir: Path) -> int | None:
@@ -336,9 +330,11 @@ def release_local_servers(timeout: float = 20.0) -> list[str]:
 
     A server that a run started (not one that was running before) is stopped — SIGTERM,
     then SIGKILL after ``timeout`` — once no other live process uses it; a server that
-    was already running is left alone. Called at the end of ``nipflow run``/``resume``
-    and, for any other process, at exit. Returns the data directories whose server was
-    stopped.
+    was already running is left alone. Called at the end of ``nipflow run``/``resume``,
+    where the run has ended. Never at a mere process exit: a deployed flow run that
+    suspends for a fine-tune wait exits with its jobs still running on that server (and
+    the watcher that resumes it uses it too), so stopping it there would lose the jobs.
+    Returns the data directories whose server was stopped.
     """
     with _in_use_guard:
         items = list(_in_use.items())
@@ -379,8 +375,8 @@ def ensure_local_server(
     server is started in its own session (so that Ctrl-C of the run does not hit it) and
     marked as started for runs (``autostarted.json``). Every process that calls this is
     recorded as a user (``clients/<pid>.pid``) until :func:`release_local_servers`
-    (called at the end of ``nipflow run`` and at exit): the last user of a server that a
-    run started stops it; a server that was running before is left alone (stop it with
+    (called at the end of ``nipflow run``/``resume``; a deployed flow run that suspends
+    leaves it running): the last user of a server that a run started stops it; a server that was running before is left alone (stop it with
     ``nipflow api-server stop``). Starting and joining happen under a lock of the
     directory, so two callers racing share one server.
     """

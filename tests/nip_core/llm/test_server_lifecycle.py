@@ -65,9 +65,10 @@ def test_a_server_running_before_the_run_is_left_running(tmp_path):
 JOINER = """
 import sys
 from pathlib import Path
-from nip_core.llm.launcher import ensure_local_server
+from nip_core.llm.launcher import ensure_local_server, release_local_servers
 print(ensure_local_server(Path(sys.argv[1])), flush=True)
-sys.stdin.readline()   # exits normally when stdin closes: release at exit
+sys.stdin.readline()   # the run ends when stdin closes: release, as nipflow run does
+release_local_servers()
 """
 
 
@@ -84,7 +85,7 @@ def test_the_last_process_using_a_started_server_stops_it(tmp_path):
         assert pid_alive(pid)
         other.stdin.close()
         assert other.wait(30) == 0
-        assert _wait_dead(pid, 20.0)  # the last user stopped it at exit
+        assert _wait_dead(pid, 20.0)  # the last user stopped it when its run ended
         assert read_server_file(data) is None and not (data / AUTOSTARTED_FILE).exists()
     finally:
         if other.poll() is None:
