@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from flows.prefect_pg_server import PrefectServer, PrefectServerError, healthy, public_host
+from flows.signals import StopRequested, foreground_signals
 
 HISTORY_DB = "prefect.db"
 #: Settings of the caller's environment that would point the server elsewhere.
@@ -93,10 +94,6 @@ def start_ui_server(home: Path, *, host: str, port: int, env: dict[str, str],
                              f"is the port taken? try --port)")
 
 
-class _Stop(Exception):
-    """Raised in the main thread by SIGTERM/SIGHUP so that the server is stopped."""
-
-
 def serve_ui(runs_dir: str, *, host: str = "127.0.0.1", port: int = 4200,
              env: Optional[dict[str, str]] = None) -> int:
     """``nipflow ui``: serve the history of ``runs_dir`` until Ctrl-C or SIGTERM.
@@ -107,31 +104,21 @@ def serve_ui(runs_dir: str, *, host: str = "127.0.0.1", port: int = 4200,
         raise PrefectServerError(f"--port must be between 1 and 65535, got {port}")
     home = history_home(runs_dir)
 
-    def stop_on_signal(signum, frame):
-        raise _Stop(signal.Signals(signum).name)
-
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.getsignal(sig) for sig in handled}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop_on_signal)
     server: Optional[PrefectServer] = None
     status = 0
-    try:
-        print(f"nipflow ui: starting the Prefect server on the history in {home}", file=sys.stderr, flush=True)
-        server = start_ui_server(home, host=host, port=port, env=dict(os.environ if env is None else env))
-        print(f"Prefect UI: {server.ui_url}  (API {server.api_url}; history {home})\n"
-              f"Stop with Ctrl-C (or SIGTERM).", flush=True)
-        status = server.proc.wait()
-        print(f"nipflow ui: the Prefect server exited with status {status}", file=sys.stderr)
-    except (KeyboardInterrupt, _Stop):
-        print("\nnipflow ui: stopping the Prefect server", file=sys.stderr, flush=True)
-    finally:
-        for sig in handled:  # a second signal must not cut the teardown short
-            signal.signal(sig, signal.SIG_IGN)
+    with foreground_signals(raise_on=(signal.SIGTERM, signal.SIGHUP)) as signals:
         try:
+            print(f"nipflow ui: starting the Prefect server on the history in {home}", file=sys.stderr,
+                  flush=True)
+            server = start_ui_server(home, host=host, port=port, env=dict(os.environ if env is None else env))
+            print(f"Prefect UI: {server.ui_url}  (API {server.api_url}; history {home})\n"
+                  f"Stop with Ctrl-C (or SIGTERM).", flush=True)
+            status = server.proc.wait()
+            print(f"nipflow ui: the Prefect server exited with status {status}", file=sys.stderr)
+        except (KeyboardInterrupt, StopRequested):
+            print("\nnipflow ui: stopping the Prefect server", file=sys.stderr, flush=True)
+        finally:
+            signals.shield()
             if server is not None:
                 server.stop()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
     return status

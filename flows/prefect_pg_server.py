@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from flows.pg_cluster import HOST, PostgresCluster, PostgresError, free_port
+from flows.signals import StopRequested, foreground_signals
 
 SERVER_ENV_DROPPED = ("PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_UI_API_URL")
 _PORT_IN_USE = "already in use"
@@ -194,10 +195,6 @@ def _launch(url: str, home: Path, host: str, port: int, log: Optional[Path],
                          log=log, local_api_url=f"http://{local_host}:{port}/api")
 
 
-class _Stop(Exception):
-    """Raised in the main thread by SIGTERM/SIGHUP so that ``finally`` blocks run."""
-
-
 def serve(data_dir: Union[str, Path], *, port: int = 4200, pg_port: Optional[int] = None,
           database_url: Optional[str] = None, host: str = HOST) -> int:
     """``nipflow prefect server``: PostgreSQL + ``prefect server start`` until Ctrl-C/SIGTERM.
@@ -212,42 +209,33 @@ def serve(data_dir: Union[str, Path], *, port: int = 4200, pg_port: Optional[int
     if database_url:
         database_url = asyncpg_url(database_url)
 
-    def stop_on_signal(signum, frame):
-        raise _Stop(signal.Signals(signum).name)
-
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.getsignal(sig) for sig in handled}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop_on_signal)
     cluster: Optional[PostgresCluster] = None
     server: Optional[PrefectServer] = None
     status = 0
-    try:
-        if database_url is None:
-            cluster = PostgresCluster(data_dir / "postgres", port=pg_port)
-            cluster.start()
-            database_url = cluster.url()
-            print(f"PostgreSQL: {redact(database_url)} (cluster in {cluster.data_dir}, log {cluster.log})",
-                  flush=True)
-        server = start_prefect_server(database_url, data_dir / "prefect-home", port=port, host=host)
-        print(f"\nPrefect server on PostgreSQL is ready. For clients and workers:\n"
-              f"    export PREFECT_API_URL={server.api_url}\n"
-              f"UI: {server.ui_url}\nStop with Ctrl-C (or SIGTERM).", flush=True)
-        status = server.proc.wait()
-        print(f"nipflow: prefect server exited with status {status}", file=sys.stderr)
-    except (KeyboardInterrupt, _Stop):
-        print("\nnipflow: stopping the Prefect server and PostgreSQL", file=sys.stderr, flush=True)
-    except PostgresError as e:
-        raise PrefectServerError(str(e)) from e
-    finally:
-        for sig in handled:  # a second Ctrl-C or SIGTERM must not cut the teardown short
-            signal.signal(sig, signal.SIG_IGN)
+    with foreground_signals(raise_on=(signal.SIGTERM, signal.SIGHUP)) as signals:
         try:
-            if server is not None:
-                server.stop()
-            if cluster is not None:
-                cluster.stop()
+            if database_url is None:
+                cluster = PostgresCluster(data_dir / "postgres", port=pg_port)
+                cluster.start()
+                database_url = cluster.url()
+                print(f"PostgreSQL: {redact(database_url)} (cluster in {cluster.data_dir}, log {cluster.log})",
+                      flush=True)
+            server = start_prefect_server(database_url, data_dir / "prefect-home", port=port, host=host)
+            print(f"\nPrefect server on PostgreSQL is ready. For clients and workers:\n"
+                  f"    export PREFECT_API_URL={server.api_url}\n"
+                  f"UI: {server.ui_url}\nStop with Ctrl-C (or SIGTERM).", flush=True)
+            status = server.proc.wait()
+            print(f"nipflow: prefect server exited with status {status}", file=sys.stderr)
+        except (KeyboardInterrupt, StopRequested):
+            print("\nnipflow: stopping the Prefect server and PostgreSQL", file=sys.stderr, flush=True)
+        except PostgresError as e:
+            raise PrefectServerError(str(e)) from e
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            signals.shield()
+            try:
+                if server is not None:
+                    server.stop()
+            finally:
+                if cluster is not None:
+                    cluster.stop()
     return status

@@ -24,14 +24,12 @@ import sys
 import time
 from typing import Sequence
 
+from flows.signals import StopRequested, foreground_signals
+
 #: Seconds the worker gets after the first SIGINT before the second one.
 GRACE_S = 5.0
 #: Seconds after the second SIGINT before the worker's process group is SIGKILLed.
 HARD_S = 3.0
-
-
-class _Stop(Exception):
-    """Raised in the main thread by the handled signals."""
 
 
 def worker_command(args: Sequence[str]) -> list[str]:
@@ -69,30 +67,21 @@ def stop_worker(proc: subprocess.Popen, grace: float = GRACE_S, hard: float = HA
 
 def run_worker(args: Sequence[str]) -> int:
     """Run the worker in the foreground until it exits or a signal stops it."""
-    def stop_on_signal(signum, frame):
-        raise _Stop(signal.Signals(signum).name)
-
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.getsignal(sig) for sig in handled}
-    for sig in handled:
-        signal.signal(sig, stop_on_signal)
     proc = None
-    try:
-        proc = subprocess.Popen(worker_command(args), stdin=subprocess.DEVNULL, start_new_session=True)
-        return proc.wait()
-    except _Stop as e:
-        if proc is None:
+    with foreground_signals() as signals:
+        try:
+            proc = subprocess.Popen(worker_command(args), stdin=subprocess.DEVNULL, start_new_session=True)
+            return proc.wait()
+        except StopRequested as e:
+            if proc is None:
+                return 0
+            started = time.monotonic()
+            print(f"nipflow worker: {e.args[0]}: stopping the Prefect worker (pid {proc.pid})", file=sys.stderr,
+                  flush=True)
+            signals.shield()
+            how = stop_worker(proc)
+            print(f"nipflow worker: stopped ({how}) after {time.monotonic() - started:.1f} s", file=sys.stderr)
             return 0
-        started = time.monotonic()
-        print(f"nipflow worker: {e.args[0]}: stopping the Prefect worker (pid {proc.pid})", file=sys.stderr,
-              flush=True)
-        for sig in handled:  # a second signal must not cut the teardown short
-            signal.signal(sig, signal.SIG_IGN)
-        how = stop_worker(proc)
-        print(f"nipflow worker: stopped ({how}) after {time.monotonic() - started:.1f} s", file=sys.stderr)
-        return 0
-    finally:
-        if proc is not None and proc.poll() is None:  # any other way out leaves no worker behind
-            stop_worker(proc, grace=0.5, hard=0.5)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        finally:
+            if proc is not None and proc.poll() is None:  # any other way out leaves no worker behind
+                stop_worker(proc, grace=0.5, hard=0.5)
