@@ -9,7 +9,7 @@ in odd ones) of
   (``trainer.run_iterations(0, N)``) and through ``train_experiment`` (RL blocks of
   ``--block-size`` iterations, each a subflow run with its cached ``train_iterations``
   task). Timed: the training of those iterations only, i.e. ``run_iterations`` directly
-  and ``flows.tensordict.drive_blocks`` (every block's subflow run, task, checkpoint and
+  and ``flows.rl_blocks.drive_blocks`` (every block's subflow run, task, checkpoint and
   artifacts, which is the per-block overhead being measured) in the flow. Building the
   trainer (dataset, observation normalisation) and the final test loop are one-off and
   excluded in both modes. ``ppo_ratio = median(flow) / median(direct)``.
@@ -183,13 +183,13 @@ class Probe:
     @contextlib.contextmanager
     def installed(self) -> Iterator["Probe"]:
         import flows.pure_text
-        import flows.tensordict
+        import flows.rl_blocks
         from flows.observability import PrefectHooks
         from nip_core.trainers.pure_text_base import PureTextRlTrainer
 
         patches = [(flows.pure_text, "run_stage_task", self._wrap_task),
                    (flows.pure_text, "drive_stages", lambda f: self._wrap_span("drive_stages", f)),
-                   (flows.tensordict, "drive_blocks", lambda f: self._wrap_span("drive_blocks", f)),
+                   (flows.rl_blocks, "drive_blocks", lambda f: self._wrap_span("drive_blocks", f)),
                    (PureTextRlTrainer, "run_stage", self._wrap_run_stage),
                    (PrefectHooks, "on_iteration_end", self._wrap_hook),
                    (PrefectHooks, "on_stage_end", self._wrap_hook)]

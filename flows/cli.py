@@ -351,7 +351,7 @@ def cmd_prefect(args) -> int:
                          database_url=args.database_url)
         except PrefectServerError as e:
             raise UsageError(str(e)) from e
-    from flows.setup import setup_prefect
+    from flows.prefect_setup import setup_prefect
 
     setup_prefect(gpus=args.gpus)
     return 0

@@ -1,6 +1,9 @@
-"""``pure_text_training``: the pure-text stage machine as a Prefect flow.
+"""The pure-text stage machine inside the ``train_experiment`` flow run.
 
-The loop follows the stage diagram from the start of the run::
+``train_experiment`` (:mod:`flows.experiment`) drives a pure-text trainer (EI, MALT) with
+:func:`run_pure_text`, in its own flow run: a fine-tune wait may suspend it, which
+Prefect only allows for a top-level flow run. The loop follows the stage diagram from
+the start of the run::
 
     sample_rollouts -> log_stats -> test_during_training -> create_fine_tune_jobs
         -> await_fine_tune_jobs -> (next iteration) ... -> test -> done
@@ -27,9 +30,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow_runs, get_run_logger
+from prefect.runtime import deployment
 
-from flows.parameters import ExperimentParameters, WaitMode
+from flows.parameters import WaitMode
 from nip_core.agents.pure_text import TERMINAL_STATUSES
 from tasks.stages import initial_position, refresh_state, run_stage_task
 
@@ -39,8 +43,6 @@ SUSPENSIONS_FILE = "orchestration/suspensions.json"
 def should_suspend(wait_mode: WaitMode) -> bool:
     """Suspend on fine-tune waits when asked to, or (auto) when the run is deployed."""
     if wait_mode == "auto":
-        from prefect.runtime import deployment
-
         return deployment.id is not None
     return wait_mode == "suspend"
 
@@ -55,8 +57,6 @@ def _next_suspension_key(run: Any, iteration: int) -> str:
 
 def suspend_while_jobs_pending(trainer: Any, iteration: int) -> None:
     """Suspend the current flow run if a fine-tune job of ``iteration`` is still going."""
-    from prefect.flow_runs import suspend_flow_run
-
     statuses = trainer.poll_fine_tune_jobs()
     waiting = {g: s for g, s in statuses.items() if s not in TERMINAL_STATUSES}
     if not waiting or any(s in ("failed", "cancelled") for s in statuses.values()):
@@ -65,7 +65,7 @@ def suspend_while_jobs_pending(trainer: Any, iteration: int) -> None:
     get_run_logger().info("run %s iteration %d: fine-tune jobs %s still going; suspending (%s)",
                           trainer.run.run_id, iteration, waiting, key)
     timeout = trainer.settings.fine_tune_wait_timeout_s
-    suspend_flow_run(key=key, timeout=int(timeout) if timeout else None)
+    flow_runs.suspend_flow_run(key=key, timeout=int(timeout) if timeout else None)
 
 
 def drive_stages(trainer: Any, *, suspend: bool = False) -> list[dict[str, Any]]:
@@ -85,20 +85,6 @@ def drive_stages(trainer: Any, *, suspend: bool = False) -> list[dict[str, Any]]
         iteration, stage = summary["next_iteration"], summary["next_stage"]
     refresh_state(trainer)
     return summaries
-
-
-@flow(name="pure_text_training", persist_result=True)
-def pure_text_training(parameters: ExperimentParameters) -> dict[str, Any]:
-    """Train a pure-text trainer (EI, MALT) stage by stage; see the module docs."""
-    from flows.experiment import open_trainer
-    from flows.observability import reporting
-
-    trainer = open_trainer(parameters)
-    try:
-        with reporting(trainer):
-            return run_pure_text(trainer, parameters.wait_mode)
-    finally:
-        trainer.close()
 
 
 def run_pure_text(trainer: Any, wait_mode: WaitMode) -> dict[str, Any]:

@@ -1,9 +1,10 @@
-"""``tensordict_training``: TensorDict RL iterations in GPU-tagged blocks.
+"""TensorDict RL iterations in GPU-tagged blocks, inside the ``train_experiment`` flow run.
 
-The iterations ``[0, num_iterations)`` are split into blocks of ``block_size``. Each
-block is its own flow run, ``rl_iteration_block``, tagged ``gpu`` (so the ``gpu`` tag
-concurrency limit keeps two experiments' blocks off one GPU) and retried by Prefect on
-failure. Inside it, the task ``train_iterations`` is cached by
+``train_experiment`` (:mod:`flows.experiment`) trains a TensorDict RL trainer with
+:func:`run_tensordict`. The iterations ``[0, num_iterations)`` are split into blocks of
+``block_size``. Each block is its own flow run, ``rl_iteration_block``, tagged ``gpu`` (so
+the ``gpu`` tag concurrency limit keeps two experiments' blocks off one GPU) and retried
+by Prefect on failure. Inside it, the task ``train_iterations`` is cached by
 ``(run_id, params_hash, block)``: a re-run of the experiment skips finished blocks, and a
 retried block restarts from the previous block's checkpoint, which is what
 ``run_iterations`` restores, so the result equals an uninterrupted run's.
@@ -20,14 +21,19 @@ worker's environment.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any, Literal, Optional
 
 from prefect import flow, get_run_logger, tags
+from prefect.deployments import run_deployment
+from prefect.runtime import deployment, flow_run
 from pydantic import AfterValidator, Field
 
-from flows.parameters import ExperimentParameters, MissingParameterError, RunSpec
 from flows.leases import driving
-from tasks.rl_block import Block, plan_blocks, run_block_task
+from flows.observability import PrefectHooks
+from flows.parameters import MissingParameterError, RunSpec
+from flows.trainer_access import check_device_here, forget_trainer, remember_trainer, trainer_from_spec
+from tasks.rl_block import Block, plan_blocks, run_block_task, run_test_loop_task
 
 BLOCK_DEPLOYMENT = "rl_iteration_block/rl-block"
 BLOCK_FLOW = "rl_iteration_block"
@@ -53,8 +59,6 @@ class BlockFailedError(RuntimeError):
 
 
 def _checked_spec(spec: Optional[RunSpec]) -> RunSpec:
-    from flows.experiment import check_device_here
-
     if spec is None:
         raise MissingParameterError(BLOCK_FLOW, "spec", "the RunSpec of a run, which train_experiment passes "
                                     "to every block it starts")
@@ -78,8 +82,6 @@ BlockParameter = Annotated[Optional[Block], AfterValidator(_checked_block), Fiel
 
 def _block_run_name() -> str:
     """``rl-block-<index>[<start>:<stop>]`` (the name is made after the parameters validated)."""
-    from prefect.runtime import flow_run
-
     block = flow_run.parameters.get("block")
     if isinstance(block, dict):
         block = Block.model_validate(block)
@@ -95,10 +97,6 @@ def rl_iteration_block(spec: SpecParameter = None, block: BlockParameter = None)
     Both parameters are required in fact (a missing one fails the run before it starts,
     naming it); ``spec.settings["device"]`` is resolved on this host.
     """
-    from prefect.runtime import flow_run
-
-    from flows.experiment import forget_trainer, trainer_from_spec
-
     if flow_run.run_count > 1:
         # A retry must start from the previous block's checkpoint, not from the
         # half-trained models the failed attempt left in this process's trainer.
@@ -110,10 +108,6 @@ def rl_iteration_block(spec: SpecParameter = None, block: BlockParameter = None)
 
 def _block_artifacts(trainer: Any, block: Block):
     """A block publishes only its own rows (``<run>-block-<i>-metrics``), never the parent's keys."""
-    import contextlib
-
-    from flows.observability import PrefectHooks
-
     hooks = getattr(trainer, "hooks", None)
     return hooks.block_scope(block.index) if isinstance(hooks, PrefectHooks) else contextlib.nullcontext()
 
@@ -122,8 +116,6 @@ def _dispatch_block(spec: RunSpec, block: Block, deployed: bool) -> dict[str, An
     with tags("gpu"):
         if not deployed:
             return rl_iteration_block(spec, block)
-    from prefect.deployments import run_deployment
-
     child = run_deployment(BLOCK_DEPLOYMENT, parameters={"spec": spec.model_dump(mode="json"),
                                                          "block": block.model_dump()},
                            tags=["gpu"], timeout=None, poll_interval=5)
@@ -140,10 +132,6 @@ def _dispatch_block(spec: RunSpec, block: Block, deployed: bool) -> dict[str, An
 
 def drive_blocks(trainer: Any, spec: RunSpec, block_size: int, dispatch: BlockDispatch = "auto") -> list[dict]:
     """Run every block of ``trainer``'s run in order (finished blocks come back cached)."""
-    from prefect.runtime import deployment
-
-    from flows.observability import PrefectHooks
-
     deployed = dispatch == "deployment" or (dispatch == "auto" and deployment.id is not None)
     hooks = trainer.hooks if isinstance(getattr(trainer, "hooks", None), PrefectHooks) else None
     if hooks is not None and hooks.run is None:
@@ -162,35 +150,27 @@ def drive_blocks(trainer: Any, spec: RunSpec, block_size: int, dispatch: BlockDi
     return results
 
 
-@flow(name="tensordict_training", persist_result=True)
-def tensordict_training(parameters: ExperimentParameters, dispatch: BlockDispatch = "auto") -> dict[str, Any]:
-    """Train a TensorDict RL trainer block by block; then run its test loop."""
-    from flows.experiment import open_trainer
-    from flows.observability import reporting
+def run_tensordict(trainer: Any, block_size: int) -> dict[str, Any]:
+    """Train ``trainer`` block by block, then run its test loop (inside a flow run).
 
-    trainer = open_trainer(parameters)
-    try:
-        with reporting(trainer):
-            return run_tensordict(trainer, parameters.block_size, dispatch)
-    finally:
-        trainer.close()
-
-
-def run_tensordict(trainer: Any, block_size: int, dispatch: BlockDispatch = "auto") -> dict[str, Any]:
-    from flows.experiment import remember_trainer
-
+    Parameters
+    ----------
+    trainer
+        A TensorDict RL trainer (``IterationTrainer``) whose run is open.
+    block_size
+        The number of iterations of one block. The blocks are subflows of this process,
+        or runs of the ``rl-block`` deployment when this flow run is deployed.
+    """
     # The device as asked ("auto"), not as this host resolved it: each block resolves it
     # on the host it runs on (TensorDict trainers keep the request in requested_device).
     settings = trainer.settings.model_copy(
         update={"device": getattr(trainer, "requested_device", trainer.settings.device)})
     spec = RunSpec.of(trainer.hyper_params, settings).model_copy(update={"lease": trainer.run.lock.claim()})
     remember_trainer(trainer)  # local subflows reuse this trainer instead of building another
-    blocks = drive_blocks(trainer, spec, block_size, dispatch)
+    blocks = drive_blocks(trainer, spec, block_size)
     trainer.reload_state()  # the blocks may have trained in other processes (deployed)
     if callable(getattr(trainer, "run_test_loop", None)) or (
             callable(getattr(trainer, "test", None)) and trainer.hyper_params.rl.num_test_iterations > 0):
-        from tasks.rl_block import run_test_loop_task
-
         run_test_loop_task(trainer, trainer.hyper_params.rl.num_iterations)
     return {"run_id": trainer.run.run_id, "blocks": len(blocks),
             "iteration": blocks[-1]["iteration"] if blocks else 0, "location": trainer.run.location}

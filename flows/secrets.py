@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import SecretBytes, SecretStr
 
-from flows.setup import OPENAI_SECRET_BLOCK
+from flows.prefect_setup import OPENAI_SECRET_BLOCK
 from nip_core.settings import ExperimentSettings
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,13 @@ import time
 from typing import Annotated, Any, Literal, Optional
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.runtime import deployment
 from pydantic import AfterValidator, Field
 
+from flows.experiment import train_experiment
 from flows.observability import artifact_key
 from flows.parameters import ExperimentParameters, refuse_secret_overrides
 from flows.secrets import SECRET_SETTINGS_FIELDS
@@ -77,20 +82,12 @@ def sweep(base: ExperimentParameters, grid: SweepGrid, sweep_id: str,
           dispatch: Literal["auto", "subflow", "deployment"] = "auto",
           deployment_name: Optional[str] = None) -> list[dict[str, Any]]:
     """Train every point of ``grid`` on top of ``base``; return one summary row per point."""
-    from prefect.artifacts import create_table_artifact
-    from prefect.runtime import deployment
-
-    from flows.experiment import train_experiment
-
     log = get_run_logger()
     points = grid_points(grid)
     deployed = dispatch == "deployment" or (dispatch == "auto" and deployment.id is not None)
     children = [point_parameters(base, sweep_id, i, p) for i, p in enumerate(points)]
     states: dict[str, str] = {}
     if deployed:
-        from prefect.client.orchestration import get_client
-        from prefect.deployments import run_deployment
-
         started = {c.run_id: run_deployment(deployment_name or POINT_DEPLOYMENT,
                                             parameters={"parameters": c.model_dump(mode="json")},
                                             timeout=0) for c in children}

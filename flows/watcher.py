@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 
 from nip_core.agents.pure_text import TERMINAL_STATUSES
 
-TRAINING_FLOWS = ("train_experiment", "pure_text_training", "scheduled_retraining")
+TRAINING_FLOWS = ("train_experiment", "scheduled_retraining")
 
 
 def suspended_training_runs(client) -> list[Any]:

@@ -2,7 +2,7 @@
 
 Every agent samples a message for every channel/position and a decision every round, active
 or not (the protocol ignores what it does not need); the joint log-probability of one
-agent is the sum over all its categorical choices (QUIRK 20 of ``nip_spec.md``, kept: it
+agent is the sum over all its categorical choices (kept, docs/behaviour.md#b23: it
 only adds noise of zero mean to the PPO ratio of inactive choices).
 """
 

@@ -1,4 +1,4 @@
-"""Optimiser parameter groups from per-agent learning-rate factors (``nip_spec.md`` §2.1.4).
+"""Optimiser parameter groups from per-agent learning-rate factors (docs/behaviour.md#b21).
 
 ``agent_lr = lr * agent_lr_factor.{actor,critic}``; a body's lr is ``agent_lr *
 body_lr_factor``; a body's GNN sub-module (when it has one) additionally gets

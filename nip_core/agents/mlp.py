@@ -73,7 +73,7 @@ def orthogonal_init(module: nn.Module, gain: float = 1.0) -> None:
 def agent_init_seed(seed: int, agent_index: int) -> int:
     """Seed of an agent's weight initialisation: a pure function of ``(seed, agent_index)``.
 
-    The original used Python's per-process salted ``hash(agent_name)`` (QUIRK 8), so its
+    The original used Python's per-process salted ``hash(agent_name)`` (docs/behaviour.md#b22), so its
     initial weights changed between processes; this one never does.
     """
     return (int(seed) * 1_000_003 + 7919 * (agent_index + 1)) % (2**63 - 1)

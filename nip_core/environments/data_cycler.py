@@ -3,7 +3,7 @@
 Environments reset a variable number of rows at a time, so they need a loader that can
 hand out any number of items per call and carries the remainder of an epoch across
 calls. Unlike the original library (which shuffled with the *global* torch generator,
-see ``nip_spec.md`` §3.2), the cycler owns a private ``torch.Generator``: the stream of
+see docs/behaviour.md#b14), the cycler owns a private ``torch.Generator``: the stream of
 datapoints depends only on the environment's seed, and its complete state can be saved in
 a checkpoint and restored exactly.
 """

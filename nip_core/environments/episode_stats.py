@@ -1,4 +1,4 @@
-"""Per-iteration statistics of a batch of environment steps (``nip_spec.md`` §7.4 subset)."""
+"""Per-iteration statistics of a batch of environment steps (docs/behaviour.md#b15)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ One environment holds ``num_envs`` independent episodes (``batch_size == (num_en
 Each step every agent proposes a message (one index of the scenario's message space per
 channel and position) and a decision; the messages of the agents active this round are
 written into the message history, and the protocol handler computes rewards and done
-flags (``nip_spec.md`` §3.2).
+flags (docs/behaviour.md#b13).
 
 Layout of the tensordict (``B = num_envs``, ``A`` agents, ``R`` rounds, ``C`` channels,
 ``M = message_size``, ``S`` = the message-space shape):
@@ -48,7 +48,7 @@ SEED_RANGE = 2**16
 
 
 def environment_sizes(hyper_params, protocol_handler, dataset_length: int) -> tuple[int, int, int]:
-    """``(steps_per_env, frames_per_batch, num_envs)`` by the rules of ``nip_spec.md`` §3.1.
+    """``(steps_per_env, frames_per_batch, num_envs)`` by the rules of docs/behaviour.md#b12.
 
     Raises
     ------

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, model_validator
@@ -242,22 +241,6 @@ class HyperParameters(ParamsModel):
 
     def to_json(self) -> str:
         return canonical_json(self.to_dict())
-
-    @classmethod
-    def from_json_file(cls, path: str | Path) -> "HyperParameters":
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise ParameterError([("<file>", f"cannot read: {e.strerror}")], str(path)) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ParameterError([("<file>", f"not valid JSON (line {e.lineno}: {e.msg})")],
-                                 str(path)) from None
-        if not isinstance(data, dict):
-            raise ParameterError([("<root>", "expected a JSON object")], str(path))
-        return cls.from_dict(data, source=str(path))
 
     def params_hash(self, length: int = 16) -> str:
         """Stable hash of the parameters (sha256 of the canonical JSON, hex prefix)."""

@@ -64,7 +64,7 @@ class DebateProtocolParameters(_RoundLimits):
 
 
 class MnipProtocolParameters(_RoundLimits):
-    """MNIP settings. Unlike the original (QUIRK 1), MNIP reads its own round limits."""
+    """MNIP settings. Unlike the original (docs/behaviour.md#b6), MNIP reads its own round limits."""
 
     sequential: bool = Field(False, description="The two provers speak in separate rounds, one after the "
                                                 "other; False: both in the same round.")

@@ -6,36 +6,36 @@
 batched torch code over arbitrary leading dims; the step reads a
 :class:`ProtocolStepInput` and returns a :class:`ProtocolStepOutput`.
 
-Decisions on the original library's quirks (numbers from the spec's QUIRK list)
----------------------------------------------------------------------------------
-* 1 FIXED -- MNIP reads ``mnip_protocol``'s round limits: its own parameter group should
+Decisions on the original library's quirks (sections of docs/behaviour.md)
+--------------------------------------------------------------------------
+* b6 FIXED -- MNIP reads ``mnip_protocol``'s round limits: its own parameter group should
   govern it (the original silently read ``nip_protocol``).
-* 2 FIXED -- code-validation MNIP: both provers argue "accept" and both are paid on
+* b5 FIXED -- code-validation MNIP: both provers argue "accept" and both are paid on
   accept, as in generic MNIP; paying prover0 on reject contradicted its prompt.
-* 3 FIXED -- ``solo_verifier`` and ``multi_channel_test`` can be stepped in any scenario
+* b7 FIXED -- ``solo_verifier`` and ``multi_channel_test`` can be stepped in any scenario
   with no prover rewards (the original crashed on a wrong hook signature); solo verifier
   is terminated at once when it does not decide in round 0 (max 2 rounds, min 1).
-* 4 FIXED -- ``max_verifier_questions`` of deterministic protocols counts the verifier's
+* b8 FIXED -- ``max_verifier_questions`` of deterministic protocols counts the verifier's
   active rounds in the schedule, so sequential 3-cycle debate/MNIP are right (and
   ``multi_channel_test`` gives 2, not the original's hard-coded 4).
-* 5 KEPT -- termination fires at round ``max_message_rounds - 1`` whoever is active: the
+* b3 KEPT -- termination fires at round ``max_message_rounds - 1`` whoever is active: the
   length of an episode is the protocol's, not the verifier's. Consequence: with
   ``verifier_first`` and an even number of rounds the last round belongs to the prover(s),
   so the verifier's last chance to decide is round ``max - 2`` and an undecided episode
   is terminated (penalty) after the prover's last message; use an odd number of rounds to
   give the verifier the last word.
-* 6 KEPT -- rewards are computed from the incoming decision even for rows already done
+* b4 KEPT -- rewards are computed from the incoming decision even for rows already done
   (pinned by the GI environment golden step; harmless under auto-reset).
-* 7 FIXED -- the default Stackelberg follower group is in ``agent_names`` order
+* b9 FIXED -- the default Stackelberg follower group is in ``agent_names`` order
   (deterministic), not set order.
-* 14 FIXED -- the zero-knowledge step never modifies its inputs (zeroing builds new
+* b11 FIXED -- the zero-knowledge step never modifies its inputs (zeroing builds new
   tensors), so the environment's logits are left intact.
-* 27 KEPT -- verifier decisions before round ``min_message_rounds - 1`` are ignored (the
+* b2 KEPT -- verifier decisions before round ``min_message_rounds - 1`` are ignored (the
   episode goes on), which is what a minimum number of rounds means.
-* 28 KEPT -- Merlin-Arthur picks the speaking prover by seed parity (prover1 on even
+* b10 KEPT -- Merlin-Arthur picks the speaking prover by seed parity (prover1 on even
   seeds): reproducible from the episode seed.
 
-Also kept from the original (not in the QUIRK list): ``protocol_common.force_guess`` only
+Also kept from the original (docs/behaviour.md#b2): ``protocol_common.force_guess`` only
 decides *whether* a decision counts; the rewards use the agent's own decision, so a forced
 "continue" (2) is paid as an incorrect guess and pays no prover.
 """

@@ -206,7 +206,7 @@ class ProtocolHandler(ABC):
     def default_stackelberg_sequence(self) -> tuple[tuple[str, ...], ...]:
         """Verifiers lead; all other agents follow as one group, in ``agent_names`` order.
 
-        (QUIRK 7 fixed: the original built the follower group from a set.) An empty
+        (Fixed, docs/behaviour.md#b9: the original built the follower group from a set.) An empty
         follower group (solo verifier) is left out.
         """
         followers = tuple(a for a in self.agent_names if a not in self.verifier_names)
@@ -423,7 +423,7 @@ class DeterministicSingleVerifierProtocolHandler(SingleVerifierProtocolHandler, 
 
     @property
     def max_verifier_questions(self) -> int:
-        """Rounds in which the verifier is active (QUIRK 4 fixed: counted from the schedule,
+        """Rounds in which the verifier is active (fixed, docs/behaviour.md#b8: counted from the schedule,
         so the sequential 3-cycle variants are right too)."""
         return int(self.active_agents_mask[:, self.verifier_index, :].any(dim=-1).sum())
 

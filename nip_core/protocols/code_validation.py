@@ -9,7 +9,7 @@ stance (:attr:`CodeValidationProtocolMixin.DEFAULT_STANCES`).
 
 So one prover (nip, adp) is paid when the verifier agrees with its stance; debate and
 merlin_arthur pay prover0 on reject and prover1 on accept; MNIP's provers both argue
-"accept" and are both paid on accept (QUIRK 2 fixed: the original paid prover0 on reject).
+"accept" and are both paid on accept (fixed, docs/behaviour.md#b5: the original paid prover0 on reject).
 
 The prompt layer (templates, parsing) builds on :class:`CodeValidationProtocolMixin`.
 """

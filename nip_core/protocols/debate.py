@@ -92,7 +92,7 @@ class MnipProtocol(TwoProverProtocol):
     """MNIP: each prover sees only its own channel; both provers are paid on accept.
 
     Round limits and ``sequential``/``prover0_first`` come from ``mnip_protocol``
-    (QUIRK 1 fixed: the original read ``nip_protocol``'s round limits).
+    (fixed, docs/behaviour.md#b6: the original read ``nip_protocol``'s round limits).
     """
 
     VISIBILITY = (

@@ -1,7 +1,7 @@
 """Merlin-Arthur classifiers (Wäldchen et al. 2022): one random prover speaks, then the verifier.
 
 Round 0: exactly one prover writes to ``main`` -- prover1 if the episode seed is even,
-prover0 if it is odd (QUIRK 28, kept: the original ties the choice to seed parity, so
+prover0 if it is odd (kept, docs/behaviour.md#b10: the original ties the choice to seed parity, so
 it is reproducible from the seed). Round 1: the verifier decides. The schedule depends on
 the seed, so the mask is computed per row rather than looked up.
 """

@@ -10,9 +10,9 @@ prover0_verifier   --         prover0    verifier
 prover_chat        prover0    prover1    prover2
 =================  =========  =========  =========
 
-QUIRK 3 fixed: it can be stepped (the original's prover-reward hook had the wrong
+Fixed (docs/behaviour.md#b7): it can be stepped (the original's prover-reward hook had the wrong
 signature); provers get no reward. ``max_verifier_questions`` is counted from the
-schedule (2 verifier turns in 8 rounds; the original hard-coded 4), see QUIRK 4.
+schedule (2 verifier turns in 8 rounds; the original hard-coded 4), see docs/behaviour.md#b8.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def decision_made_mask(
 
     A decision counts when it is the agent's turn to guess, the (force-guessed) decision
     is not "continue", and ``round >= min_message_rounds - 1``; earlier decisions are
-    ignored and the episode goes on (QUIRK 27, kept).
+    ignored and the episode goes on (kept, docs/behaviour.md#b2).
     """
     decision = apply_force_guess(decision, y, force_guess)
     return guess_mask & (decision != NO_DECISION) & (round_id >= min_message_rounds - 1)
@@ -54,7 +54,7 @@ def decision_made_mask(
 def new_terminated_mask(round_id: Tensor, decision_made: Tensor, *, max_message_rounds: int) -> Tensor:
     """Episodes terminated this step: the last round was reached without a decision.
 
-    Fires at round ``max_message_rounds - 1`` whoever is active in it (QUIRK 5, kept).
+    Fires at round ``max_message_rounds - 1`` whoever is active in it (kept, docs/behaviour.md#b3).
     """
     return (round_id >= max_message_rounds - 1) & ~decision_made
 
@@ -78,7 +78,7 @@ def verifier_reward(
     4. its turn to guess, not done and not terminated (it chose to continue):
        ``verifier_no_guess_reward``;
     otherwise 0. Rows whose incoming ``done`` was already set still get cases 1-3
-    (QUIRK 6, kept); ``shared_done``/``terminated`` are the outgoing values.
+    (kept, docs/behaviour.md#b4); ``shared_done``/``terminated`` are the outgoing values.
     """
     reward = torch.zeros(decision.shape, dtype=torch.float32, device=decision.device)
     reward = torch.where(decision_made & (decision == y), common.verifier_reward, reward)

@@ -3,7 +3,7 @@
 ``max_message_rounds`` is 2 (the original needed a second round to dodge a numpy
 StringDType shape bug; kept so that rollouts have the same shape) but the episode always
 ends in round 0: it is terminated at once if the verifier does not decide
-(``terminated_now = ~decision_made``). QUIRK 3 fixed: the step works in every scenario
+(``terminated_now = ~decision_made``). Fixed (docs/behaviour.md#b7): the step works in every scenario
 (the original's generic prover-reward hook had the wrong signature); there are no provers,
 so no prover rewards.
 """

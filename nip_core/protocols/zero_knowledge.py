@@ -204,7 +204,7 @@ class ZeroKnowledgeProtocol(ProtocolHandler):
         * simulator reward ``s`` (:meth:`simulator_reward`), adversarial verifier ``-s``,
           each prover its base reward ``+ aux_prover_reward_coefficient * s``.
 
-        Inputs are never modified (QUIRK 14 fixed).
+        Inputs are never modified (fixed, docs/behaviour.md#b11).
         """
         self._check_step_input(inp)
         if inp.message_logits is None or inp.decision_logits is None:

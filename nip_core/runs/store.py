@@ -34,7 +34,7 @@ from nip_core.errors import (
     ParamsMismatchError,
     RunNotFoundError,
 )
-from nip_core.parameters import HyperParameters, canonical_json, diff_params
+from nip_core.parameters import HyperParameters, diff_params
 from nip_core.runs.lock import RunLock
 from nip_core.runs.storage import Storage
 from nip_core.settings import ParamsMismatchPolicy
@@ -210,9 +210,6 @@ class Run:
 
     # -- metrics ---------------------------------------------------------------------------
 
-    def logged_metric_steps(self) -> set[int]:
-        return {int(row["iteration"]) for row in self.read_metrics() if "iteration" in row}
-
     def read_metrics(self) -> list[dict[str, Any]]:
         """The committed rows of ``metrics.jsonl``, in file order.
 
@@ -323,7 +320,3 @@ class RunStore:
             storage.write_bytes(PARAMS_FILE, (params.to_json() + "\n").encode())
             run.update_metadata(params_hash=run.params_hash, params_history=history)
         return run
-
-
-def canonical_params_json(params: HyperParameters) -> str:
-    return canonical_json(params.to_dict())

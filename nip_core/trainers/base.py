@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nip_core.errors import CheckpointNotFoundError
 from nip_core.parameters import HyperParameters
-from nip_core.runs import Run, RunStore
+from nip_core.runs import Run
 from nip_core.settings import ExperimentSettings
 from nip_core.trainers.hooks import TrainerHooks
 from nip_core.trainers.progress import IterationContext, progress_enabled, total_iterations
@@ -67,6 +67,8 @@ class Trainer(ABC):
     # :func:`nip_core.settings.resolve_device`); pure-text trainers do not.
     uses_torch_device: ClassVar[bool] = False
     State: ClassVar[type[TrainerState]] = TrainerState
+    # The parameters model the registry looks a ``critic_switch`` path up in.
+    hyper_params_model: ClassVar[type[HyperParameters]] = HyperParameters
 
     def __init__(self, hyper_params: HyperParameters, settings: ExperimentSettings | None = None,
                  run: Run | None = None, hooks: TrainerHooks | None = None, stat_logger=None):
@@ -160,34 +162,3 @@ class Trainer(ABC):
     def close(self) -> None:
         self.stat_logger.close()
 
-
-def build_trainer(hyper_params: HyperParameters, settings: ExperimentSettings | None = None,
-                  *, run: Run | None = None, hooks: TrainerHooks | None = None,
-                  open_run: bool = True) -> Trainer:
-    """Build the registered trainer for ``hyper_params.trainer``.
-
-    When ``settings.run_id`` is set and ``run`` is not given, the run is opened (or
-    created) in ``settings.runs_dir`` with the settings' params-mismatch policy.
-
-    Raises
-    ------
-    DeviceUnavailableError
-        If the trainer computes on a torch device and ``settings.device`` names a CUDA
-        device this host does not have: before the run is opened or anything is built.
-    """
-    from nip_core.settings import resolve_device
-    from nip_core.trainers.registry import get_trainer_class
-
-    settings = settings or ExperimentSettings()
-    if hyper_params.base_run.base_run_type != "none":
-        from nip_core.parameters.base_run import merge_with_base_run
-
-        base = RunStore(settings.runs_dir).load_params(hyper_params.base_run.run_id)
-        hyper_params = merge_with_base_run(hyper_params, base)
-    cls = get_trainer_class(hyper_params.trainer)
-    if cls.uses_torch_device:
-        resolve_device(settings.device)  # the trainer resolves it again; this only fails early
-    if run is None and open_run and settings.run_id and not settings.test_run:
-        run = RunStore(settings.runs_dir).open_run(settings.run_id, hyper_params,
-                                                   on_params_mismatch=settings.on_params_mismatch)
-    return cls(hyper_params, settings, run=run, hooks=hooks)

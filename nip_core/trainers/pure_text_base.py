@@ -1,4 +1,4 @@
-"""``PureTextRlTrainer``: the resumable stage machine of the pure-text trainers (spec §5.5-5.6).
+"""``PureTextRlTrainer``: the resumable stage machine of the pure-text trainers (docs/behaviour.md#b30).
 
 A run moves through the stages of :mod:`nip_core.trainers.stage_machine`; every stage goes
 through :meth:`PureTextRlTrainer.run_stage`, which refuses a stage the state is not at,

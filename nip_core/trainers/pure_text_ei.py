@@ -1,7 +1,7 @@
-"""``pure_text_ei``: expert iteration — SFT on the rollouts that pass the selection (spec §5.7).
+"""``pure_text_ei``: expert iteration — SFT on the rollouts that pass the selection (docs/behaviour.md#b34).
 
 Verifiers: a proportion ``p_i`` (annealed, see :meth:`guess_replacement_proportion`) of the
-rollouts, chosen with an rng seeded from sha256 of (seed, iteration, agent) (QUIRK 8 fixed:
+rollouts, chosen with an rng seeded from sha256 of (seed, iteration, agent) (fixed, docs/behaviour.md#b22:
 the original used Python's salted ``hash``), become examples whose last verifier message
 is the correct decision; the rest go through the selection. Other agents: selection on all
 rollouts. Selection is ``threshold`` (episode reward >= ``reward_threshold``) or

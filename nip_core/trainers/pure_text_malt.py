@@ -1,4 +1,4 @@
-"""``pure_text_malt``: MALT (Motwani et al. 2024) — DPO on response trees (spec §5.8).
+"""``pure_text_malt``: MALT (Motwani et al. 2024) — DPO on response trees (docs/behaviour.md#b35).
 
 Sampling. Iteration ``i`` takes the same datapoints and episode seeds as ``pure_text_ei``
 (``rollouts_per_iteration`` datapoints from :func:`datapoint_indices`), but each datapoint

@@ -1,8 +1,8 @@
 """Rollout sampling for the pure-text trainers: datapoint order, episode seeds, acting.
 
-Seeds come from sha256 (never Python's salted ``hash``, QUIRK 8). Iteration ``i`` takes
+Seeds come from sha256 (never Python's salted ``hash``, docs/behaviour.md#b22). Iteration ``i`` takes
 items ``[i*N, (i+1)*N)`` of an endless sequence of per-epoch permutations of the dataset,
-so any iteration maps to datapoints directly and sampling can never hang (QUIRK 15).
+so any iteration maps to datapoints directly and sampling can never hang (docs/behaviour.md#b31).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class TextActor:
             for ch in active_channels:
                 retry[i, channels.index(ch)] = tries
             if parsed is None:
-                # QUIRK 17 fixed: after too many invalid replies the agent sends nothing at all.
+                # Fixed (docs/behaviour.md#b32): after too many invalid replies the agent sends nothing at all.
                 log.warning("agent %s round %d: gave up after %d invalid replies", agent, rnd, tries)
                 continue
             raw[i] = text

@@ -19,24 +19,22 @@ which get value heads (:func:`trainer_uses_critic`). Built-in trainers are regis
 importing the modules listed in :mod:`nip_core.trainers.catalogue`; a user's trainer is
 registered by importing the module that defines it.
 
-This module imports nothing heavy, so the parameters can use it; the functions that need
+This module imports nothing heavy and no other nipflow module (the parameters import it,
+and ``build_trainer`` lives in :mod:`nip_core.trainers.build`); the functions that need
 every built-in trainer import the catalogue on first use.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
-if TYPE_CHECKING:
-    from nip_core.trainers.base import Trainer
-
-T = TypeVar("T", bound="type[Trainer]")
+T = TypeVar("T", bound=type)
 
 TRAINER_KINDS = ("tensordict", "pure_text", "solo")
 
 #: name -> trainer class (tests may swap in a stand-in class under a registered name)
-TRAINER_REGISTRY: dict[str, type["Trainer"]] = {}
+TRAINER_REGISTRY: dict[str, type] = {}
 
 
 @dataclass(frozen=True)
@@ -75,16 +73,22 @@ def unknown_trainer_message(name: Any) -> str:
 
 
 def _resolve_switch(cls: type, switch: Any) -> str | None:
-    """Check ``critic_switch``: ``None`` or the dotted path of a bool hyper-parameter."""
+    """Check ``critic_switch``: ``None`` or the dotted path of a bool hyper-parameter.
+
+    The path is looked up in the class's ``hyper_params_model`` (``HyperParameters`` for
+    every subclass of :class:`~nip_core.trainers.base.Trainer`), so that this module
+    imports no parameters: the parameters import it.
+    """
     if switch is None:
         return None
     where = f"{cls.__module__}.{cls.__qualname__}"
     if not isinstance(switch, str) or not switch:
         raise TrainerRegistrationError(f"{where}.critic_switch must be None or a dotted parameter path, "
                                        f"got {switch!r}")
-    from nip_core.parameters import HyperParameters
-
-    model: Any = HyperParameters
+    model: Any = getattr(cls, "hyper_params_model", None)
+    if getattr(model, "model_fields", None) is None:
+        raise TrainerRegistrationError(f"{where}.critic_switch: the class has no hyper_params_model (a "
+                                       f"pydantic model) to look {switch!r} up in; subclass Trainer")
     parts = switch.split(".")
     for i, part in enumerate(parts):
         fields = getattr(model, "model_fields", None)
@@ -197,7 +201,7 @@ def trainer_uses_critic(hyper_params) -> bool:
     return bool(value)
 
 
-def get_trainer_class(name: str) -> type["Trainer"]:
+def get_trainer_class(name: str) -> type:
     _load_built_ins()
     try:
         return TRAINER_REGISTRY[name]

@@ -1,8 +1,9 @@
-"""``reinforce``: REINFORCE with reward-to-go, or with advantages and a critic (``nip_spec.md`` §5.4)."""
+"""``reinforce``: REINFORCE with reward-to-go, or with advantages and a critic (docs/behaviour.md#b26)."""
 
 from __future__ import annotations
 
-from nip_core.trainers.objectives.common import make_gae
+from torchrl.objectives import ValueEstimators
+
 from nip_core.trainers.objectives.reinforce import ReinforceLoss, reward_to_go
 from nip_core.trainers.registry import register_trainer
 from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
@@ -18,7 +19,11 @@ class ReinforceTrainer(TensorDictRlTrainer):
 
     def _get_loss_module_and_gae(self):
         loss = ReinforceLoss(self.agents, self.hyper_params, self.message_key, use_critic=self.use_critic)
-        return loss, make_gae(self.hyper_params) if self.use_critic else None
+        if not self.use_critic:
+            return loss, None
+        loss.make_value_estimator(ValueEstimators.GAE, gamma=self.hyper_params.rl.gamma,
+                                  lmbda=self.hyper_params.rl.lmbda)
+        return loss, loss.value_estimator
 
     def _add_values_and_advantages(self, batch) -> None:
         super()._add_values_and_advantages(batch)

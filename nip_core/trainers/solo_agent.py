@@ -1,10 +1,10 @@
-"""``solo_agent``: supervised classification of ``y`` by each agent alone (``nip_spec.md`` §5.4).
+"""``solo_agent``: supervised classification of ``y`` by each agent alone (docs/behaviour.md#b29).
 
 Every non-random agent's body + solo head is trained with cross-entropy on the datapoints
 (no interaction: empty message history, round 0). The train file is split into train and
 test parts by ``test_size`` with a generator seeded by ``seed``.
 
-Fix of QUIRK 9: the original never put body parameters into the optimiser (only the solo
+Fix (docs/behaviour.md#b29): the original never put body parameters into the optimiser (only the solo
 head trained); here the optimiser holds the body groups (at the body/GNN lr factors, or
 the plain lr with ``solo_agent.body_lr_factor_override``) and the head.
 

@@ -1,10 +1,10 @@
-"""``spg``: Stackelberg policy gradient and its variants (``nip_spec.md`` §5.4)."""
+"""``spg``: Stackelberg policy gradient and its variants (docs/behaviour.md#b27)."""
 
 from __future__ import annotations
 
 from torch.nn.attention import SDPBackend
+from torchrl.objectives import ValueEstimators
 
-from nip_core.trainers.objectives.common import make_gae
 from nip_core.trainers.objectives.spg import SpgLoss
 from nip_core.trainers.registry import register_trainer
 from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
@@ -23,4 +23,6 @@ class SpgTrainer(TensorDictRlTrainer):
     def _get_loss_module_and_gae(self):
         loss = SpgLoss(self.agents, self.hyper_params, self.message_key,
                        self.protocol_handler.stackelberg_sequence, use_critic=self.use_critic)
-        return loss, make_gae(self.hyper_params)
+        loss.make_value_estimator(ValueEstimators.GAE, gamma=self.hyper_params.rl.gamma,
+                                  lmbda=self.hyper_params.rl.lmbda)
+        return loss, loss.value_estimator

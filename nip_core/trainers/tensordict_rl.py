@@ -1,4 +1,4 @@
-"""TensorDict trainers: the TorchRL training loop, resumable by iteration (``nip_spec.md`` §5.2).
+"""TensorDict trainers: the TorchRL training loop, resumable by iteration (docs/behaviour.md#b24).
 
 One iteration = collect a batch of ``frames_per_batch`` steps (``num_envs`` parallel
 episodes x ``steps_per_env`` steps, auto-reset) → GAE per agent → ``num_epochs`` passes of
@@ -8,7 +8,7 @@ optional lr annealing, per-agent update schedules) → log stats with per-phase 
 (:mod:`nip_core.trainers.timing`). The test loop samples, or takes the most likely
 actions with ``rl.test_greedy`` (TorchRL's ``ExplorationType.DETERMINISTIC``).
 
-Resumability (a fix of QUIRK 22): :meth:`TensorDictRlTrainer.run_iterations` restores the
+Resumability (a fix, docs/behaviour.md#b24): :meth:`TensorDictRlTrainer.run_iterations` restores the
 latest checkpoint of the run store and checkpoints at the end of the range (and every
 ``settings.checkpoint_every`` iterations). A checkpoint holds the model, the optimiser,
 the loss module's state (e.g. adaptive KL coefficients), the observation normaliser, every
@@ -40,9 +40,11 @@ Other choices, documented:
   (the original estimated the test statistics separately).
 * A frozen agent (update schedule inactive) keeps its optimiser groups, but its gradients
   are dropped before the step, so Adam leaves its parameters and moments untouched.
-* Losses are plain modules with declared ``in_keys``/``out_keys`` (see
-  :mod:`nip_core.trainers.objectives`), because the per-agent joint distribution
-  (several categorical heads per agent) does not fit TorchRL's ``ClipPPOLoss``.
+* Losses are TorchRL ``LossModule`` subclasses of ``NipLossModule``
+  (:mod:`nip_core.trainers.objectives.base`): declared keys (``set_keys``), GAE from
+  ``make_value_estimator(ValueEstimators.GAE, ...)``, and a ``backward`` that the minibatch
+  loop calls (SPG needs its own). They are not TorchRL's ``ClipPPOLoss`` because the
+  per-agent joint distribution (several categorical heads per agent) does not fit it.
 * Attention kernels: ``attention_backends`` (class attribute) lists the allowed SDPA
   kernels, used for collection, training and testing alike, by agents that call SDPA
   (the GI body writes its short-sequence attention out instead, see

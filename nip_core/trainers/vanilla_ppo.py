@@ -1,8 +1,9 @@
-"""``vanilla_ppo``: independent PPO for every agent (clip or KL-penalty loss), ``nip_spec.md`` §5.4."""
+"""``vanilla_ppo``: independent PPO for every agent (clip or KL-penalty loss), docs/behaviour.md#b25."""
 
 from __future__ import annotations
 
-from nip_core.trainers.objectives.common import make_gae
+from torchrl.objectives import ValueEstimators
+
 from nip_core.trainers.objectives.ppo import ClipPpoLoss, KlPenaltyPpoLoss
 from nip_core.trainers.registry import register_trainer
 from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
@@ -20,4 +21,6 @@ class VanillaPpoTrainer(TensorDictRlTrainer):
     def _get_loss_module_and_gae(self):
         loss_class = PPO_LOSSES[self.hyper_params.ppo.loss_type]
         loss = loss_class(self.agents, self.hyper_params, self.message_key, use_critic=self.use_critic)
-        return loss, make_gae(self.hyper_params)
+        loss.make_value_estimator(ValueEstimators.GAE, gamma=self.hyper_params.rl.gamma,
+                                  lmbda=self.hyper_params.rl.lmbda)
+        return loss, loss.value_estimator

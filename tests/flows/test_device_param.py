@@ -45,13 +45,13 @@ def _child_runs(parent_id):
 @pytest.fixture
 def no_live_trainers():
     """A process without the trainers of earlier flow runs (like a block's own process)."""
-    from flows import experiment
+    from flows import trainer_access
 
-    saved = dict(experiment._LIVE_TRAINERS)
-    experiment._LIVE_TRAINERS.clear()
-    yield experiment._LIVE_TRAINERS
-    experiment._LIVE_TRAINERS.clear()
-    experiment._LIVE_TRAINERS.update(saved)
+    saved = dict(trainer_access._LIVE_TRAINERS)
+    trainer_access._LIVE_TRAINERS.clear()
+    yield trainer_access._LIVE_TRAINERS
+    trainer_access._LIVE_TRAINERS.clear()
+    trainer_access._LIVE_TRAINERS.update(saved)
 
 
 # -- resolution ---------------------------------------------------------------------------
@@ -107,7 +107,7 @@ def test_a_device_that_is_no_device_is_refused_naming_the_field():
 
 
 def test_auto_resolves_to_cuda_where_cuda_is_available(monkeypatch):
-    from flows.experiment import check_device_here
+    from flows.trainer_access import check_device_here
     from nip_core.settings import DeviceUnavailableError, resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -125,7 +125,7 @@ def test_explicit_cuda_block_fails_naming_the_parameter_and_its_work_pool(prefec
     from prefect.client.schemas.actions import WorkPoolCreate
 
     from flows.parameters import RunSpec
-    from flows.tensordict import rl_iteration_block
+    from flows.rl_blocks import rl_iteration_block
     from nip_core.settings import DeviceUnavailableError
 
     pool = f"nipflow-gpu-{uuid.uuid4().hex[:8]}"
@@ -135,7 +135,7 @@ def test_explicit_cuda_block_fails_naming_the_parameter_and_its_work_pool(prefec
         try:
             flow_id = client.create_flow_from_name("rl_iteration_block")
             deployment_id = client.create_deployment(flow_id=flow_id, name=pool, work_pool_name=pool,
-                                                     entrypoint="flows.tensordict.rl_iteration_block")
+                                                     entrypoint="flows.rl_blocks.rl_iteration_block")
             run = client.create_flow_run_from_deployment(deployment_id, parameters={})
             monkeypatch.setenv("PREFECT__FLOW_RUN_ID", str(run.id))  # what a process worker sets
             with pytest.raises(DeviceUnavailableError) as raised:
@@ -154,7 +154,7 @@ def test_explicit_cuda_block_fails_before_running_and_spends_no_retry(prefect_se
     from prefect.client.orchestration import get_client
 
     from flows.parameters import RunSpec
-    from flows.tensordict import rl_iteration_block
+    from flows.rl_blocks import rl_iteration_block
     from tasks.rl_block import Block
 
     parameters = _gi_parameters(tmp_path, "dev-cuda-block", device="cuda")
@@ -208,7 +208,7 @@ def test_a_block_builds_its_trainer_on_the_device_of_its_spec(prefect_server, tm
                                                               no_live_trainers):
     """A block in a process of its own (as deployed): the trainer comes from the spec alone."""
     from flows.parameters import RunSpec
-    from flows.tensordict import rl_iteration_block
+    from flows.rl_blocks import rl_iteration_block
     from tasks.rl_block import Block
 
     monkeypatch.setenv("NIPFLOW_DEVICE", "cuda")  # ignored: with it the block used to fail here
@@ -232,7 +232,7 @@ def test_setup_with_no_gpus_leaves_no_gpu_limit(prefect_server, capsys):
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    from flows.setup import GPU_TAG, WORK_POOLS, SetupError, setup_prefect
+    from flows.prefect_setup import GPU_TAG, WORK_POOLS, SetupError, setup_prefect
 
     with pytest.raises(SetupError, match="--gpus must be 0 .* got -1"):
         setup_prefect(gpus=-1)
@@ -280,7 +280,7 @@ def test_flow_parameters_are_all_optional_so_a_deployment_form_can_be_saved():
     from prefect.utilities.schema_tools.validation import validate
 
     from flows.experiment import train_experiment
-    from flows.tensordict import rl_iteration_block
+    from flows.rl_blocks import rl_iteration_block
 
     experiment, block = _schema(train_experiment), _schema(rl_iteration_block)
     for flow, schema in ((train_experiment, experiment), (rl_iteration_block, block)):
@@ -298,7 +298,7 @@ def test_flow_parameters_are_all_optional_so_a_deployment_form_can_be_saved():
 def test_missing_flow_parameters_fail_naming_the_parameter(prefect_server):
     from flows.experiment import train_experiment
     from flows.parameters import MissingParameterError, RunSpec
-    from flows.tensordict import rl_iteration_block
+    from flows.rl_blocks import rl_iteration_block
 
     block = {"index": 0, "start": 0, "stop": 1}
     spec = RunSpec(params={"scenario": "graph_isomorphism"}, settings={"run_id": "r"}).model_dump(mode="json")

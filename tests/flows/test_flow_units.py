@@ -83,7 +83,7 @@ def test_suspend_only_while_jobs_are_pending(tmp_path, fake_trainers, monkeypatc
     import prefect.flow_runs
 
     import flows.pure_text as pure_text
-    from flows.experiment import build_flow_trainer
+    from flows.trainer_access import build_flow_trainer
 
     p = ExperimentParameters(scenario="code_validation", trainer="pure_text_ei", run_id="cv-s",
                              runs_dir=str(tmp_path))

@@ -114,16 +114,18 @@ def test_blocks_trained_by_other_trainer_objects_still_give_4_of_4(prefect_serve
     import torch
 
     import flows.experiment as experiment
+    import flows.rl_blocks as rl_blocks
+    import flows.trainer_access as trainer_access
 
     torch.set_num_threads(1)
     built = []
 
     def fresh_trainer(spec):
-        trainer = experiment.build_flow_trainer(spec.hyper_params(), spec.experiment_settings())
+        trainer = trainer_access.build_flow_trainer(spec.hyper_params(), spec.experiment_settings())
         built.append(trainer)
         return trainer
 
-    monkeypatch.setattr(experiment, "trainer_from_spec", fresh_trainer)
+    monkeypatch.setattr(rl_blocks, "trainer_from_spec", fresh_trainer)
     state = experiment.train_experiment(_parameters(tmp_path, "card-fresh"), return_state=True)
     assert state.is_completed(), state.message
     assert len(built) == 2

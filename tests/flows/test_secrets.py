@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from flows.parameters import ExperimentParameters, RunSpec
-from flows.setup import OPENAI_SECRET_BLOCK
+from flows.prefect_setup import OPENAI_SECRET_BLOCK
 
 BLOCK_KEY = "sk-from-the-block-7f3a9c"
 ENV_KEY = "sk-from-the-env-51d2e8"
@@ -82,7 +82,7 @@ def test_flow_parameter_schemas_refuse_the_key_before_a_run_is_stored():
 
     from flows.experiment import train_experiment
     from flows.sweep import sweep
-    from flows.tensordict import rl_iteration_block
+    from flows.rl_blocks import rl_iteration_block
 
     def errors(fn, values):
         schema = parameter_schema(fn).model_dump_for_openapi()
@@ -125,11 +125,11 @@ def test_block_key_reaches_settings_but_no_parameter_spec_log_or_artifact(fakes,
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, LogFilter, \
         LogFilterFlowRunId
 
-    import flows.experiment as experiment
+    import flows.trainer_access as trainer_access
     from flows.experiment import train_experiment
 
     built, child_settings = [], []
-    real_build = experiment.build_flow_trainer
+    real_build = trainer_access.build_flow_trainer
     real_experiment_settings = RunSpec.experiment_settings
 
     def recording_build(hyper_params, settings):
@@ -141,7 +141,7 @@ def test_block_key_reaches_settings_but_no_parameter_spec_log_or_artifact(fakes,
         child_settings.append((spec.model_dump_json(), settings))
         return settings
 
-    monkeypatch.setattr(experiment, "build_flow_trainer", recording_build)
+    monkeypatch.setattr(trainer_access, "build_flow_trainer", recording_build)
     monkeypatch.setattr(RunSpec, "experiment_settings", recording_experiment_settings)
     state = train_experiment(_gi_params(tmp_path, "gi-secret"), return_state=True)
     assert state.is_completed(), state.message

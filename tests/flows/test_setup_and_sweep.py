@@ -8,7 +8,7 @@ def test_setup_creates_pools_limit_automations_and_secret(prefect_server, monkey
     from prefect.blocks.system import Secret
     from prefect.client.orchestration import get_client
 
-    from flows.setup import OPENAI_SECRET_BLOCK, setup_prefect
+    from flows.prefect_setup import OPENAI_SECRET_BLOCK, setup_prefect
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
     first = setup_prefect(gpus=2)

@@ -215,6 +215,3 @@ class Store:
     def delete_model(self, model_id: str) -> bool:
         return self._write("DELETE FROM models WHERE id = ?", (model_id,)) > 0
 
-    def models_of_job(self, job_id: str) -> list[ModelRecord]:
-        rows = self._all("SELECT data FROM models WHERE job_id = ? ORDER BY seq", (job_id,))
-        return [ModelRecord.model_validate_json(r[0]) for r in rows]

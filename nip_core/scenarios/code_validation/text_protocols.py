@@ -6,7 +6,7 @@ System prompts live in ``prompts/<protocol>_<role>.txt`` (``string.Template``; r
 headers (one per visible channel) and the two ``Decision:`` lines; a prover prompt shows
 ``Answer:`` and the stance sentence "convince the Verifier to accept|reject".
 
-Chat prompt (spec §2.3.4): the system prompt, then per round the agent's own raw reply
+Chat prompt (docs/behaviour.md#b33): the system prompt, then per round the agent's own raw reply
 as ``assistant`` and the other agents' messages on its visible channels as ``user``
 (with the sender's name), channels in an order shuffled per round with seed
 ``env seed + round`` for protocols that randomise it; the history stops at the first

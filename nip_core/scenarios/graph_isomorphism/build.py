@@ -1,7 +1,7 @@
 """Builder of the graph-isomorphism scenario (registered as ``"graph_isomorphism"``).
 
 Builds, in order: the protocol handler, the train/test datasets, the combined agents
-(parts chosen by trainer type, ``nip_spec.md`` §4 table) and, for RL trainers, the
+(parts chosen by trainer type, docs/behaviour.md#b20) and, for RL trainers, the
 train and test environments. Tests and benchmarks may inject ready-made datasets or a
 protocol handler through keyword arguments.
 """

@@ -3,7 +3,7 @@
 A message is one node of one of the two graphs, i.e. an index into the flattened
 ``(2, max_nodes)`` message space (``node_selected = graph * max_nodes + node``). The
 datapoint's ``adjacency`` and ``node_mask`` are observations copied at reset and passed
-through every step (``nip_spec.md`` §2.1.3).
+through every step (docs/behaviour.md#b17).
 """
 
 from __future__ import annotations

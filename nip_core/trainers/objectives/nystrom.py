@@ -21,7 +21,7 @@ pseudo-inverse ``C⁺``), and with ``B = |Λ|^{-1/2} Uᵀ R`` and ``D = sign(Λ)
 
 The product is exact (to float32 accuracy) whenever the sampled rows span the Hessian's
 row space, in particular at ``k = P``, whatever the Hessian's rank (see
-``docs/decisions.md``). :func:`conjugate_gradient_ihvp` is the iterative alternative
+``docs/behaviour.md#b28``). :func:`conjugate_gradient_ihvp` is the iterative alternative
 (``spg.ihvp_variant = "conj_grad"``, ``spg.ihvp_num_iterations`` steps).
 """
 

@@ -1,8 +1,8 @@
-"""REINFORCE loss (``nip_spec.md`` §5.3): ``loss_actor[a] = mean_b(-log_prob_a * weight_a)``.
+"""REINFORCE loss (docs/behaviour.md#b26): ``loss_actor[a] = mean_b(-log_prob_a * weight_a)``.
 
 The weight is the discounted reward-to-go within each episode (default) or, with
 ``reinforce.use_advantage_and_critic``, the normalised GAE advantage, in which case the
-critic loss is added too (fix of QUIRK 13: the original's critic variant read a key that
+critic loss is added too (a fix, docs/behaviour.md#b26: the original's critic variant read a key that
 was never written).
 """
 
@@ -12,8 +12,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import Tensor, nn
 
-from nip_core.agents.distributions import joint_log_prob_and_entropy
-from nip_core.trainers.objectives.common import critic_loss, normalized_advantage, resolve_clip_value
+from nip_core.trainers.objectives.base import NipLossModule
 
 
 def reward_to_go(reward: Tensor, done: Tensor, gamma: float) -> Tensor:
@@ -32,44 +31,30 @@ def reward_to_go(reward: Tensor, done: Tensor, gamma: float) -> Tensor:
     return out
 
 
-class ReinforceLoss(nn.Module):
-    """Policy-gradient loss per agent, summed; optional critic."""
+class ReinforceLoss(NipLossModule):
+    """Policy-gradient loss per agent, summed; optional critic (keys and terms from the base)."""
 
     out_keys = ["loss_actor", "loss_critic", "entropy"]
+    loss_terms = ("loss_actor", "loss_critic")
 
     def __init__(self, agents: nn.Module, hyper_params, message_key: str, use_critic: bool):
-        super().__init__()
-        self.agents = agents
-        self.message_key = message_key
-        self.use_critic = use_critic
-        self.normalize_advantage = hyper_params.ppo.normalize_advantage
-        self.critic_coef = hyper_params.ppo.critic_coef
-        self.loss_critic_type = hyper_params.rl.loss_critic_type
-        self.clip_value = resolve_clip_value(hyper_params)
-        weight_key = ("agents", "advantage") if use_critic else ("agents", "reward_to_go")
-        self.in_keys = [("agents", message_key), ("agents", "decision"), weight_key]
+        super().__init__(agents, hyper_params, message_key, use_critic)
+
+    def _set_in_keys(self) -> None:
+        weight = "advantage" if self.use_critic else "reward_to_go"
+        self.in_keys = [self.tensor_keys.action, self.tensor_keys.decision, getattr(self.tensor_keys, weight)]
 
     def forward(self, td: TensorDictBase) -> TensorDict:
-        message_logits, decision_logits = self.agents.policy(td)
-        log_prob, entropy = joint_log_prob_and_entropy(message_logits, decision_logits,
-                                                       td["agents", self.message_key], td["agents", "decision"])
+        log_prob, entropy = self.log_prob_and_entropy(td)
         if self.use_critic:
-            weight = normalized_advantage(td, self.normalize_advantage)
+            weight = self.advantage(td)
         else:
-            weight = td["agents", "reward_to_go"].squeeze(-1)
+            weight = td[self.tensor_keys.reward_to_go].squeeze(-1)
         actor = (-log_prob * weight).mean(0)
         per_agent = {"loss_actor": actor}
         out = {"loss_actor": actor.sum(), "entropy": entropy.mean().detach()}
         if self.use_critic:
-            critic = self.critic_coef * critic_loss(self.agents.value(td), td, self.loss_critic_type,
-                                                    self.clip_value)
+            critic = self.critic_term(self.agents.value(td), td)
             per_agent["loss_critic"] = critic
             out["loss_critic"] = critic.sum()
-        out["agents"] = TensorDict(per_agent, batch_size=actor.shape)
-        return TensorDict(out, batch_size=[])
-
-    def backward(self, losses: TensorDictBase) -> None:
-        total = losses["loss_actor"]
-        if "loss_critic" in losses.keys():
-            total = total + losses["loss_critic"]
-        total.backward()
+        return self.pack(out, per_agent, actor.shape[0])

@@ -25,8 +25,8 @@ if os.environ.get("NIPFLOW_E2E_FAKES") == "1":
 
     def _install_before_first_lookup(trainers):
         """Make the first trainer lookup install the fakes (not the import itself: an
-        entrypoint script runs with its own folder first on ``sys.path``, where
-        ``flows/tensordict.py`` would shadow the ``tensordict`` package)."""
+        entrypoint script runs with its own folder first on ``sys.path``, where a flow
+        module could shadow a package of the same name)."""
         from nip_core.trainers import registry
 
         original = registry.get_trainer_class

@@ -48,7 +48,7 @@ def test_check_env_specs(protocol):
 
 
 def test_golden_step_nip_prover_first():
-    """The reference library's GI ``_step`` test (nip_spec.md §8), reproduced by hand."""
+    """The reference library's GI ``_step`` test (docs/behaviour.md#b13), reproduced by hand."""
     env = make_env()
     td = env.reset()
     B = 12

@@ -1,4 +1,4 @@
-"""Merlin-Arthur: seed-parity prover choice (QUIRK 28), verifier in round 1, two-prover pay."""
+"""Merlin-Arthur: seed-parity prover choice (docs/behaviour.md#b10), verifier in round 1, two-prover pay."""
 
 from __future__ import annotations
 

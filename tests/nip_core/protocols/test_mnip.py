@@ -1,4 +1,4 @@
-"""MNIP: own round limits (QUIRK 1), private channels, both provers paid on accept (QUIRK 2)."""
+"""MNIP: own round limits, private channels, both provers paid on accept (docs/behaviour.md#b5, #b6)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_code_validation_both_provers_paid_on_their_stance():
     h = make_handler("mnip", scenario="code_validation")
     assert type(h) is CodeValidationMnipProtocol and h.stance_randomisable
     assert (h.default_stance("prover0"), h.default_stance("prover1")) == (1, 1)
-    # QUIRK 2 fixed: a reject pays neither prover (the original paid prover0).
+    # Fixed (docs/behaviour.md#b5): a reject pays neither prover (the original paid prover0).
     out = step(h, [Row(0, 0, 0), Row(0, 1, 1), Row(0, 1, 0)])
     assert out.reward.tolist() == [[0, 0, V], [P, P, V], [0, 0, I]]
     h = make_handler("mnip", scenario="code_validation", common={"randomize_prover_stance": True})

@@ -1,4 +1,4 @@
-"""multi_channel_test: three channels with partial visibility; steppable (QUIRK 3 fixed)."""
+"""multi_channel_test: three channels with partial visibility; steppable (docs/behaviour.md#b7)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_schedule_table_visibility_and_metadata():
     assert schedule(h) == TABLE
     assert h.agent_channel_visibility_mask.int().tolist() == [[1, 1, 1], [1, 0, 1], [1, 0, 1], [1, 1, 0]]
     assert (h.max_message_rounds, h.min_message_rounds) == (8, 2)
-    assert h.max_verifier_questions == 2  # verifier rounds 2 and 5 (QUIRK 4 fixed)
+    assert h.max_verifier_questions == 2  # verifier rounds 2 and 5 (docs/behaviour.md#b8)
     assert h.agent_first_active_round == {"prover0": 0, "prover1": 0, "prover2": 1, "verifier": 2}
 
 

@@ -95,7 +95,7 @@ def test_every_reward_case_verifier_first():
         Row(3, y=0, decision=2),                      # not its turn, continue
         Row(7, y=1, decision=2),                      # last round: terminated
         Row(7, y=1, decision=1),                      # last round, not its turn: terminated
-        Row(4, y=1, decision=0, done=True),           # already done: still paid (QUIRK 6)
+        Row(4, y=1, decision=0, done=True),           # already done: still paid (docs/behaviour.md#b4)
         Row(4, y=1, decision=1, done=True),           # already done, correct
         Row(4, y=1, decision=2, done=True),           # already done, continue: no no-guess reward
         Row(7, y=0, decision=2, done=True),           # already done at last round: terminated
@@ -155,7 +155,7 @@ def test_force_guess_respects_min_rounds():
 
 
 def test_gi_environment_golden_step():
-    """The reference GI ``_step`` test, at the protocol level (spec §8)."""
+    """The reference GI ``_step`` test, at the protocol level (docs/behaviour.md#b13)."""
     hp = make_params("nip", common={"verifier_first": False, "prover_reward": 1.0},
                      nip_protocol={"max_message_rounds": 6})
     h = build_protocol_handler(hp)

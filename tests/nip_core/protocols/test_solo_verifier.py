@@ -1,4 +1,4 @@
-"""Solo verifier: decides alone in round 0; no decision there terminates (QUIRK 3 fixed)."""
+"""Solo verifier: decides alone in round 0; no decision there terminates (docs/behaviour.md#b7)."""
 
 from __future__ import annotations
 

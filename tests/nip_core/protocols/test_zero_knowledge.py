@@ -1,4 +1,4 @@
-"""Zero-knowledge wrapper: names, visibility, schedule, and the step (spec §1.3, §8 items 1-4)."""
+"""Zero-knowledge wrapper: names, visibility, schedule, and the step (docs/behaviour.md#b11)."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def _pair_with_cosine(cos: torch.Tensor, dim: int, gen: torch.Generator) -> tupl
 
 @pytest.mark.parametrize("protocol", ["nip", "debate"])
 def test_step_invariants_with_constructed_logits(protocol):
-    """Reference §8 test_protocols.py item 4, with our own logits (verifier first)."""
+    """The original's zero-knowledge step test (docs/behaviour.md#b11), with our own logits (verifier first)."""
     zk, base = zk_handler(protocol), make_handler(protocol)
     gen = torch.Generator().manual_seed(0)
     shape, nb, n_logits = (32, 8), base.num_message_channels, 2
@@ -210,7 +210,7 @@ def test_step_hand_computed_rows():
     torch.testing.assert_close(out.reward, expected, atol=1e-6, rtol=1e-6)
     assert out.agent_done.int().tolist() == [[0, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
     assert out.shared_done.int().tolist() == [0, 0, 1]
-    # QUIRK 14 fixed: the inputs are not modified.
+    # Fixed (docs/behaviour.md#b11): the inputs are not modified.
     assert torch.equal(message_logits, before[0]) and torch.equal(decision_logits, before[1])
 
 

@@ -235,7 +235,7 @@ TRAIN = textwrap.dedent("""
     import json, sys
     from nip_core.parameters import HyperParameters
     from nip_core.settings import ExperimentSettings
-    from nip_core.trainers.base import build_trainer
+    from nip_core.trainers.build import build_trainer
     runs, data, stop, use_wandb, params = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5]
     settings = ExperimentSettings(run_id="gi", runs_dir=runs, data_dir=data, use_wandb=use_wandb, show_progress=False)
     trainer = build_trainer(HyperParameters.from_dict(json.loads(params)), settings)

@@ -8,7 +8,7 @@ import pytest
 from nip_core.errors import FineTuneJobFailed
 from nip_core.parameters import HyperParameters, PureTextEiParameters
 from nip_core.settings import ExperimentSettings
-from nip_core.trainers.base import build_trainer
+from nip_core.trainers.build import build_trainer
 from nip_core.trainers.pure_text_ei import guess_replacement_proportion, select_rollouts
 from nip_core.trainers.pure_text_rollouts import datapoint_indices, stable_seed
 from nip_core.trainers.stages import FineTuneJobsPending, StageOrderError
@@ -34,13 +34,13 @@ def test_guess_replacement_annealing(annealing, expected):
 
 
 def test_datapoint_order_never_hangs_past_the_dataset_and_is_stable():
-    # QUIRK 15: 10 items, 6 per iteration, iteration 2 starts past the end.
+    # docs/behaviour.md#b31: 10 items, 6 per iteration, iteration 2 starts past the end.
     idx = datapoint_indices(7, 10, 12, 6)
     assert len(idx) == 6 and all(0 <= i < 10 for i in idx)
     first_epoch = datapoint_indices(7, 10, 0, 10)
     assert sorted(first_epoch) == list(range(10))
     assert datapoint_indices(7, 10, 12, 6) == idx
-    # sha256-based: the same in every process (Python's hash() is salted, QUIRK 8)
+    # sha256-based: the same in every process (Python's hash() is salted, docs/behaviour.md#b22)
     assert stable_seed(1, "a") == 4711607286779601954 and stable_seed(1, "a", modulus=2**16) == 58402
     assert stable_seed(1, "a") != stable_seed(1, "b")
 

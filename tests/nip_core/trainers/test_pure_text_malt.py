@@ -12,7 +12,7 @@ from nip_core.environments.nested_array_dict import NestedArrayDict
 from nip_core.llm.server.validation import check_example
 from nip_core.parameters import HyperParameters
 from nip_core.settings import ExperimentSettings
-from nip_core.trainers.base import build_trainer
+from nip_core.trainers.build import build_trainer
 from nip_core.trainers.pure_text_malt import (
     annotate_trees,
     child_ids,

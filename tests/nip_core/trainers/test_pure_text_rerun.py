@@ -12,7 +12,7 @@ from nip_core.logging.wandb_reader import read_offline_runs
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.base_run import merge_with_base_run, preserved_fields
 from nip_core.settings import ExperimentSettings
-from nip_core.trainers.base import build_trainer
+from nip_core.trainers.build import build_trainer
 
 
 def hp(**kw) -> HyperParameters:

@@ -46,7 +46,7 @@ def main() -> None:
     import nip_core.trainers.catalogue  # noqa: F401
     from nip_core.parameters import HyperParameters
     from nip_core.settings import ExperimentSettings
-    from nip_core.trainers.base import build_trainer
+    from nip_core.trainers.build import build_trainer
 
     runs_dir, run_id, url, trainer_name = sys.argv[1:5]
     if trainer_name == "pure_text_malt":  # 20 trees of up to 2**3 rollouts

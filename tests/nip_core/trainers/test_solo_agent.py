@@ -1,4 +1,4 @@
-"""solo_agent: bodies are optimised (QUIRK 9 fixed), split and stats."""
+"""solo_agent: bodies are optimised (docs/behaviour.md#b29), split and stats."""
 
 from __future__ import annotations
 

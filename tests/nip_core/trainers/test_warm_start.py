@@ -11,7 +11,7 @@ from nip_core.errors import CorruptCheckpointError
 from nip_core.parameters import HyperParameters
 from nip_core.runs import RunStore
 from nip_core.settings import ExperimentSettings
-from nip_core.trainers.base import build_trainer
+from nip_core.trainers.build import build_trainer
 from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
 from nip_core.trainers.warm_start import (
     MODELS_FILE,

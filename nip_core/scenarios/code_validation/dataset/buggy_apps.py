@@ -10,7 +10,7 @@ Row order follows the original: all correct rows first, grouped by solution inde
 (every kept record's solution 0, then every solution 1, ...), then the buggy rows in
 the same way; ids are ``0..n-1``.
 
-Deviation from the original (its QUIRK 16): buggy solutions are taken while
+Deviation from the original (docs/behaviour.md#b38): buggy solutions are taken while
 ``len(buggy_solutions) > k``; the original tested ``len(solutions) > k``, which
 dropped buggy solutions of records with fewer correct than buggy solutions and failed
 on records with more.

@@ -1,6 +1,6 @@
 """The graph-isomorphism agent body: dense GIN, pooling, and a cross-graph transformer.
 
-``nip_spec.md`` §2.1.4. The body turns one agent's view of an episode (its visible message
+docs/behaviour.md#b18. The body turns one agent's view of an episode (its visible message
 history ``x``, the latest message, the two graphs) into a representation of each graph
 ``(..., 2, d_repr)`` and of each node ``(..., 2, max_nodes, d_repr)``.
 """
@@ -103,7 +103,7 @@ class GraphIsomorphismAgentBody(nn.Module):
         self.gnn = GraphIsomorphismGnn(d_input, p.d_gnn, p.d_gin_mlp, p.num_gnn_layers,
                                        p.activation_function, p.gnn_output_digits)
         d_gnn_out = 2 * p.d_gnn if p.use_dual_gnn else p.d_gnn
-        # Batch statistics even in eval (the original's behaviour, QUIRK 19 kept: the pooled
+        # Batch statistics even in eval (the original's behaviour, kept, docs/behaviour.md#b18: the pooled
         # sums of a single datapoint have no meaningful running statistics to track).
         self.batch_norm = nn.BatchNorm1d(d_gnn_out, track_running_stats=False) if p.use_batch_norm else None
         d_message = num_visible_channels * message_size

@@ -1,4 +1,4 @@
-"""All agents of a graph-isomorphism experiment as one module (``nip_spec.md`` §2.1.4, §4).
+"""All agents of a graph-isomorphism experiment as one module (docs/behaviour.md#b19, #b20).
 
 ``CombinedAgents`` holds every agent's parts in ``ModuleDict``s keyed by agent name
 (``policy_body`` — or ``body`` when actor and critic share it —, ``value_body``,
@@ -11,7 +11,7 @@ tensordict, stacking results along an ``agent`` dim under the ``agents`` key:
   pick a node of the graph opposite to the latest message (graph 0 when there is none),
   and absent nodes are masked (−1e9) for everyone.
 
-``decision_restriction`` is not applied: the environment always sets it to 0 (QUIRK 21),
+``decision_restriction`` is not applied: the environment always sets it to 0 (docs/behaviour.md#b19),
 which restricts nothing.
 """
 
@@ -248,7 +248,7 @@ class CombinedAgents(nn.Module):
 
 def build_combined_agents(hyper_params, protocol_handler, max_nodes: int, trainer_type: str = "rl",
                           use_critic: bool = True) -> CombinedAgents:
-    """The parts a trainer needs (``nip_spec.md`` §4 table)."""
+    """The parts a trainer needs (docs/behaviour.md#b20)."""
     if trainer_type == "solo_agent":
         return CombinedAgents(hyper_params, protocol_handler, max_nodes, use_critic=False, shared_body=True,
                               solo=True, policy=False)

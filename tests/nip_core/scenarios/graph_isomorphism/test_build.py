@@ -10,7 +10,7 @@ from nip_core.parameters.agents import GraphIsomorphismAgentParameters
 from nip_core.runs import RunStore
 from nip_core.scenarios.registry import build_scenario_instance
 from nip_core.settings import ExperimentSettings
-from nip_core.trainers.base import build_trainer
+from nip_core.trainers.build import build_trainer
 
 TINY = GraphIsomorphismAgentParameters.construct_test_params().model_dump()
 

@@ -1,0 +1,118 @@
+"""Trainers inside flow runs: built with Prefect hooks, reused by local subflows, on this host.
+
+Every flow that trains gets its trainer here: :func:`open_trainer` for the entry flow
+(from its ``ExperimentParameters``, warm start included), :func:`trainer_from_spec` for an
+RL block (from the parent's ``RunSpec``; a local subflow reuses the trainer its parent
+remembered with :func:`remember_trainer`). Device errors name the parameter, the host and
+the work pool (:func:`check_device_here`). This module imports no flow module other than
+the leaf modules it needs (parameters, observability, run history), so that every flow
+can import it at the top.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from prefect.client.orchestration import get_client
+from prefect.runtime import flow_run
+
+from flows.observability import PrefectHooks
+from flows.parameters import ExperimentParameters, RunSpec
+from flows.run_history import apply_warm_start
+from nip_core.parameters import HyperParameters
+from nip_core.settings import DeviceUnavailableError, ExperimentSettings, resolve_device
+from nip_core.trainers import build_trainer
+
+# Trainers built in this process, by (run_id, params_hash): local subflows reuse them.
+_LIVE_TRAINERS: dict[tuple[str, str], Any] = {}
+
+
+def current_flow_run_id() -> str | None:
+    """The id of the current flow run (``None`` outside one), from ``prefect.runtime``."""
+    return flow_run.id
+
+
+def current_work_pool() -> str | None:
+    """The work pool of this flow run when it is deployed (``None`` otherwise, or unknown).
+
+    The id comes from ``prefect.runtime`` (the run context, or ``PREFECT__FLOW_RUN_ID``,
+    which a worker sets in the flow-run process, so this also works while Prefect
+    validates the parameters, before the run's context exists); the pool from the API.
+    """
+    run_id = current_flow_run_id()
+    if run_id is None:
+        return None
+    try:
+        with get_client(sync_client=True) as client:
+            return client.read_flow_run(run_id).work_pool_name
+    except Exception:  # noqa: BLE001 - only used to word an error message
+        return None
+
+
+def where_this_runs() -> str:
+    """``host 'h', work pool 'p'`` (or ``..., not in a work pool``) for error messages."""
+    pool = current_work_pool()
+    return f"host {socket.gethostname()!r}, " + (f"work pool {pool!r}" if pool else "not in a work pool")
+
+
+def check_device_here(device: str, field: str = "parameters.device") -> str:
+    """Resolve ``device`` on this host (:func:`nip_core.settings.resolve_device`).
+
+    Raises
+    ------
+    DeviceUnavailableError
+        Naming ``field``, this host and its work pool, if ``device`` is a CUDA device
+        that this host does not have.
+    """
+    try:
+        return resolve_device(device, field=field)
+    except DeviceUnavailableError as e:
+        raise e.naming(field, where_this_runs()) from None
+
+
+def build_flow_trainer(hyper_params: HyperParameters, settings: ExperimentSettings):
+    """Build the trainer for a flow, with Prefect artifact hooks, opening its run.
+
+    Raises
+    ------
+    DeviceUnavailableError
+        If the trainer computes on a device (TensorDict trainers) that this host does
+        not have: names ``parameters.device``, the host and the work pool.
+    """
+    hooks = PrefectHooks(settings.run_id or "run", getattr(hyper_params.rl, "num_iterations", 1))
+    try:
+        return build_trainer(hyper_params, settings, hooks=hooks)
+    except DeviceUnavailableError as e:
+        raise e.naming("parameters.device", where_this_runs()) from None
+
+
+def remember_trainer(trainer: Any) -> None:
+    """Keep ``trainer`` for this process's local subflows of its run (:func:`trainer_from_spec`)."""
+    _LIVE_TRAINERS[(trainer.run.run_id, trainer.run.params_hash)] = trainer
+
+
+def forget_trainer(spec: RunSpec) -> None:
+    """Drop this process's live trainer of ``spec``'s run (the next use builds a fresh one)."""
+    _LIVE_TRAINERS.pop((spec.settings.get("run_id"), spec.hyper_params().params_hash()), None)
+
+
+def trainer_from_spec(spec: RunSpec):
+    """The live trainer of this process for ``spec``'s run, or a newly built one."""
+    hyper_params, settings = spec.hyper_params(), spec.experiment_settings()
+    live = _LIVE_TRAINERS.get((settings.run_id, hyper_params.params_hash()))
+    if live is not None:
+        return live
+    trainer = build_flow_trainer(hyper_params, settings)
+    remember_trainer(trainer)
+    return trainer
+
+
+def open_trainer(parameters: ExperimentParameters):
+    """Build the trainer of ``parameters`` in the current flow run, warm-started if they ask."""
+    hyper_params = parameters.hyper_params()
+    settings = parameters.settings(hyper_params, current_flow_run_id())
+    trainer = build_flow_trainer(hyper_params, settings)
+    if parameters.warm_start_from:
+        apply_warm_start(trainer.run, parameters.warm_start_from, settings.runs_dir)
+    return trainer
