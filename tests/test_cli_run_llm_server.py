@@ -60,8 +60,9 @@ def test_a_finished_run_stops_the_server_it_started_and_keeps_one_running_before
 def test_ctrl_c_stops_the_server_the_run_started(tmp_path):
     runs = tmp_path / "runs"
     llm = runs / ".llm-server"
-    # three iterations: the first fine-tune job (about 25 s) keeps the run busy
-    proc = subprocess.Popen(_command(runs, "stopped", 3), env=_env(tmp_path), cwd=tmp_path,
+    # 300 tiny iterations (groups below the fine-tune minimum, so no jobs: ~0.05-0.1 s each)
+    # keep the run busy well past the signal, whatever the sampled texts
+    proc = subprocess.Popen(_command(runs, "stopped", 300), env=_env(tmp_path), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

@@ -166,8 +166,11 @@ def test_sweep_points_spread_over_two_workers_in_separate_directories(prefect_se
     runs_dir = tmp_path / "shared-runs"  # one run store for both workers
     names = ["cpu-w1", "cpu-w2"]
     # --limit 2 each: the sweep takes one slot, so one worker alone can never hold all 4 points
+    # at once; each point's first stage lasts 8 s (four poll intervals), so they overlap and
+    # a worker cannot run them one after the other before the other worker polls.
     started_workers = [workers.start(tmp_path / f"wd-{name}", pool="nipflow-cpu", name=name, limit=2,
-                                     env=worker_env(runs_dir, name))
+                                     env=worker_env(runs_dir, name, FAKE_SLEEP_AT="0:sample_rollouts",
+                                                    FAKE_SLEEP_S="8"))
                        for name in names]
     logs = [w.log for w in started_workers]
 
