@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
-from nip_core.parameters.base import ParamsModel
+from nip_core.parameters.base import ParamsModel, unsupported_field
 
 ActivationFunction = Literal["relu", "tanh", "sigmoid"]
 
@@ -94,6 +94,10 @@ UpdateSchedule = Annotated[
 
 # --- agents ----------------------------------------------------------------------------
 
+_WARM_START_INSTEAD = ("per-agent checkpoint loading is not implemented; start a run from another run's final "
+                       "models with a warm start (warm_start_from) instead.")
+_NO_LINEAR_MESSAGES = "messages are nodes only; the linear message space is not implemented."
+
 
 class AgentParameters(ParamsModel):
     """Parameters common to every agent."""
@@ -109,24 +113,20 @@ class AgentParameters(ParamsModel):
         default_factory=ConstantUpdateSchedule, description="In which iterations a TensorDict trainer "
                                                             "updates this agent (constant: every one); in "
                                                             "the others its parameters stay as they are.")
-    use_manual_architecture: bool = Field(False, description="Use a hand-written agent instead of the "
-                                                             "learned one; not read by nipflow (kept so "
-                                                             "that the original library's parameter files "
-                                                             "load).")
-    normalize_message_history: bool = Field(
-        False, description="Normalise the message history fed to the agent; not read by nipflow (kept so "
-                           "that the original library's parameter files load).")
-    load_checkpoint_and_parameters: bool = Field(
-        False, description="Load the agent from a checkpoint of another run; not read by nipflow (kept so "
-                           "that the original library's parameter files load); warm starts use the flows' "
-                           "warm_start_from.")
-    checkpoint_run_id: str | None = Field(None, description="Run to load the agent's checkpoint from (with "
-                                                            "load_checkpoint_and_parameters); not read by "
-                                                            "nipflow (kept so that the original library's "
-                                                            "parameter files load).")
-    checkpoint_version: str = Field("latest", description="Checkpoint version to load ('latest' or a "
-                                                          "version tag); not read by nipflow (kept so that "
-                                                          "the original library's parameter files load).")
+    use_manual_architecture: bool = unsupported_field(
+        False, "Use a hand-written agent instead of the learned one.",
+        "nipflow builds learned agents only (or random ones: is_random).")
+    normalize_message_history: bool = unsupported_field(
+        False, "Normalise the message history fed to the agent.",
+        "the agents read the message history as it is; rl.normalize_observations normalises observations.")
+    load_checkpoint_and_parameters: bool = unsupported_field(
+        False, "Load the agent's weights and parameters from a checkpoint of another run.",
+        _WARM_START_INSTEAD)
+    checkpoint_run_id: str | None = unsupported_field(
+        None, "Run to load the agent's checkpoint from (with load_checkpoint_and_parameters).",
+        _WARM_START_INSTEAD)
+    checkpoint_version: str = unsupported_field(
+        "latest", "Checkpoint version to load ('latest' or a version tag).", _WARM_START_INSTEAD)
     use_orthogonal_initialisation: bool = Field(
         True, description="Initialise the agent's linear layers orthogonally (graph-isomorphism agents); "
                           "False keeps PyTorch's default initialisation.")
@@ -183,12 +183,10 @@ class GraphIsomorphismAgentParameters(AgentParameters):
     num_decider_layers: int = Field(2, ge=1, description="Layers of the decider head MLP (>= 1).")
     include_round_in_decider: bool = Field(True, description="Give the decider head the current round "
                                                              "number as an input.")
-    d_linear_message_selector: int = Field(
-        16, gt=0, description="Hidden width of the linear-message selector head; not read by nipflow (kept "
-                              "so that the original library's parameter files load).")
-    num_linear_message_selector_layers: int = Field(
-        2, ge=1, description="Layers of the linear-message selector head; not read by nipflow (kept so that "
-                             "the original library's parameter files load).")
+    d_linear_message_selector: int = unsupported_field(
+        16, "Hidden width of the linear-message selector head.", _NO_LINEAR_MESSAGES, gt=0)
+    num_linear_message_selector_layers: int = unsupported_field(
+        2, "Layers of the linear-message selector head.", _NO_LINEAR_MESSAGES, ge=1)
     d_value: int = Field(16, gt=0, description="Hidden width of the value (critic) head.")
     num_value_layers: int = Field(2, ge=1, description="Layers of the value head MLP (>= 1).")
     include_round_in_value: bool = Field(True, description="Give the value head the current round number as "
@@ -216,8 +214,7 @@ class GraphIsomorphismAgentParameters(AgentParameters):
         """Tiny widths and depths, for fast smoke tests."""
         return cls(num_gnn_layers=1, d_gnn=2, d_gin_mlp=2, num_heads=2, num_transformer_layers=1,
                    d_transformer=2, d_transformer_mlp=2, d_node_selector=2, num_node_selector_layers=1,
-                   d_decider=2, num_decider_layers=1, d_linear_message_selector=2,
-                   num_linear_message_selector_layers=1, d_value=2, num_value_layers=1)
+                   d_decider=2, num_decider_layers=1, d_value=2, num_value_layers=1)
 
 
 class CodeValidationAgentParameters(AgentParameters):
@@ -227,14 +224,15 @@ class CodeValidationAgentParameters(AgentParameters):
         "code_validation", description="Agent type: 'code_validation' (filled in from the scenario when "
                                        "left out).")
     model_provider: Literal["OpenAI"] = Field(
-        "OpenAI", description="Provider of the chat model: an OpenAI-compatible API (the only one); not "
-                              "read by nipflow (kept so that the original library's parameter files load).")
+        "OpenAI", description="Provider of the chat model: 'OpenAI', an OpenAI-compatible chat and fine-tuning "
+                              "API, the only one (any other value is refused); the run settings choose its "
+                              "server (openai_base_url, or the local API server).")
     model_name: str = Field(
         "gpt-4o-mini-2024-07-18", description="Chat model the agent samples from, and the base model of its "
                                               "fine-tune jobs.")
-    use_dummy_api: bool = Field(False, description="Use a dummy API instead of a real model; not read by "
-                                                   "nipflow (kept so that the original library's parameter "
-                                                   "files load); the run settings choose the backend.")
+    use_dummy_api: bool = unsupported_field(
+        False, "Use a dummy API instead of a real model.",
+        "the run settings choose the API server (openai_base_url, or the local API server for tests).")
     shared_model_group: str | None = Field(None, description="Agents with the same group share one model "
                                                              "and one fine-tune job per iteration (None: a "
                                                              "group of its own).")
@@ -260,7 +258,8 @@ class CodeValidationAgentParameters(AgentParameters):
 
     @classmethod
     def construct_test_params(cls) -> "CodeValidationAgentParameters":
-        return cls(use_dummy_api=True)
+        """The defaults: the run settings, not the parameters, point tests at a local API server."""
+        return cls()
 
 
 AnyAgentParameters = Annotated[

@@ -3,13 +3,69 @@
 Every parameter group is a pydantic v2 model that forbids unknown keys and validates
 assignments, so a typo in a JSON file or a ``--set`` override is an error that names
 the dotted field path rather than a silently ignored value.
+
+Fields of the original library that nipflow does not implement are declared with
+:func:`unsupported_field`: they stay in the model with their default (so that the original
+library's parameter files, which list every field, still load), their description says
+"Not supported by nipflow" and why, and any other value is refused by the one validator
+of :class:`ParamsModel` with an error that names the field (docs/behaviour.md#b41).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+
+#: ``json_schema_extra`` key that marks a field as not supported; its value is the reason.
+UNSUPPORTED_KEY = "nipflow_unsupported"
+
+
+def unsupported_field(default: Any, meaning: str, reason: str, **constraints: Any) -> Any:
+    """Declare a field of the original library that nipflow accepts only at its default.
+
+    Parameters
+    ----------
+    default
+        The original library's default; the only value accepted.
+    meaning
+        What the field did in the original library (one sentence).
+    reason
+        Why nipflow refuses it and what to use instead (one short sentence); it ends the
+        field's description and the error a non-default value raises.
+    **constraints
+        Further ``Field`` arguments (``gt``, ``ge``...), so that the type stays as it was.
+
+    Returns
+    -------
+    FieldInfo
+        The field, with description ``"<meaning> Not supported by nipflow: <reason>"`` and
+        the reason under :data:`UNSUPPORTED_KEY` in its JSON schema.
+    """
+    return Field(default, description=f"{meaning} Not supported by nipflow: {reason}",
+                 json_schema_extra={UNSUPPORTED_KEY: reason}, **constraints)
+
+
+def unsupported_reason(info: FieldInfo) -> str | None:
+    """The reason a field declared with :func:`unsupported_field` is refused, else ``None``."""
+    extra = info.json_schema_extra
+    return extra.get(UNSUPPORTED_KEY) if isinstance(extra, dict) else None
+
+
+# model class -> {field name: reason} of its unsupported fields (filled on first validation)
+_UNSUPPORTED: dict[type, dict[str, str]] = {}
+
+
+def unsupported_fields(model: type[BaseModel]) -> dict[str, str]:
+    """``{field name: reason}`` of the fields of ``model`` declared with :func:`unsupported_field`."""
+    found = _UNSUPPORTED.get(model)
+    if found is None:
+        found = {name: reason for name, info in model.model_fields.items()
+                 if (reason := unsupported_reason(info)) is not None}
+        _UNSUPPORTED[model] = found
+    return found
 
 
 class ParamsModel(BaseModel):
@@ -21,6 +77,19 @@ class ParamsModel(BaseModel):
         validate_default=True,
         protected_namespaces=(),
     )
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse a non-default value of a field declared with :func:`unsupported_field`."""
+        reason = unsupported_fields(cls).get(info.field_name)
+        if reason is not None:
+            default = cls.model_fields[info.field_name].default
+            if value != default:
+                message = (f"{info.field_name}={value!r} is not supported by nipflow (only the default "
+                           f"{default!r} is accepted): {reason}")
+                raise PydanticCustomError("unsupported_parameter", "{message}", {"message": message})
+        return value
 
     def get(self, address: str) -> Any:
         """Look up a (possibly nested) value by dotted address, e.g. ``"rl.lr"``.

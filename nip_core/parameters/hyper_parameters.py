@@ -17,7 +17,12 @@ from nip_core.parameters.agents import (
     AgentParameters,
     AnyAgentParameters,
 )
-from nip_core.parameters.base import ParameterError, ParamsModel, problems_from_validation_error
+from nip_core.parameters.base import (
+    ParameterError,
+    ParamsModel,
+    problems_from_validation_error,
+    unsupported_field,
+)
 from nip_core.parameters.protocols import (
     CommonProtocolParameters,
     DebateProtocolParameters,
@@ -72,6 +77,8 @@ InteractionProtocolType = Literal[
 
 DEFAULT_AGENT_KEY = "_default"
 
+_NO_LINEAR_MESSAGES = "graph-isomorphism messages are nodes only; the linear message space is not implemented."
+
 
 class HyperParameters(ParamsModel):
     """All the parameters of an experiment, as a nested pydantic model.
@@ -94,24 +101,23 @@ class HyperParameters(ParamsModel):
     seed: int = Field(6198, ge=0, lt=2**63, description="Random seed of the experiment: agent "
                                                         "initialisation, environments, data order and "
                                                         "sampling (0 to 2^63 - 1).")
-    functionalize_modules: bool = Field(False, description="Build the agents as functional modules "
-                                                           "(TorchRL's functional losses); not read by "
-                                                           "nipflow (kept so that the original library's "
-                                                           "parameter files load).")
-    pretrain_agents: bool = Field(False, description="RL trainers also build each agent's solo (supervised) "
-                                                     "head, as solo_agent does; no pretraining stage is "
-                                                     "run.")
-    test_size: float = Field(0.2, gt=0.0, lt=1.0, description="solo_agent: fraction (0 to 1) of the "
-                                                              "training data held out to test it.")
+    functionalize_modules: bool = unsupported_field(
+        False, "Build the agents as functional modules (TorchRL's functional losses).",
+        "the losses are TorchRL LossModules over the agents' ordinary modules; there is no functional mode.")
+    pretrain_agents: bool = Field(False, description="TensorDict RL trainers first train each agent's body "
+                                                     "with a solo (supervised) head on the dataset labels "
+                                                     "(solo_agent.* settings), once, before iteration 0; RL "
+                                                     "starts from the pretrained bodies.")
+    test_size: float = Field(0.2, gt=0.0, lt=1.0, description="solo_agent and pretrain_agents: fraction "
+                                                              "(0 to 1) of the training data held out to test "
+                                                              "the supervised training.")
     d_representation: int = Field(16, gt=0, description="Graph isomorphism: width of the representation the "
                                                         "agents' bodies hand to the heads.")
     message_size: int = Field(1, gt=0, description="Graph isomorphism: nodes sent per message.")
-    include_linear_message_space: bool = Field(
-        False, description="Add a linear message space to the node messages; not read by nipflow (kept so "
-                           "that the original library's parameter files load).")
-    d_linear_message_space: int = Field(2, gt=0, description="Size of the linear message space; not read by "
-                                                             "nipflow (kept so that the original library's "
-                                                             "parameter files load).")
+    include_linear_message_space: bool = unsupported_field(
+        False, "Add a linear message space to the node messages.", _NO_LINEAR_MESSAGES)
+    d_linear_message_space: int = unsupported_field(
+        2, "Size of the linear message space.", _NO_LINEAR_MESSAGES, gt=0)
     agents: dict[str, AnyAgentParameters] = Field(
         default_factory=dict, description="Per-agent parameters by agent name (prover, verifier, prover0 "
                                           "...); '_default' applies to every agent not listed.")
@@ -165,8 +171,8 @@ class HyperParameters(ParamsModel):
         default_factory=ZkProtocolParameters, description="Reward weights of the zero-knowledge variants "
                                                           "(protocol_common.zero_knowledge).")
     message_regression: MessageRegressionParameters = Field(default_factory=MessageRegressionParameters,
-        description="Regression of the labels from the agents' messages; not read by nipflow (kept so that "
-                    "the original library's parameter files load).")
+        description="Regression of the labels from the agents' messages (original library). Not supported by "
+                    "nipflow: every field is accepted at its default only.")
     base_run: BaseRunParameters = Field(
         default_factory=BaseRunParameters, description="Start from another run's parameters, or re-test its "
                                                        "models.")

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from nip_core.parameters.base import BaseRunPreserve, ParamsModel
+from nip_core.parameters.base import BaseRunPreserve, ParamsModel, unsupported_field
 
 
 class RlTrainerParameters(ParamsModel):
@@ -207,9 +207,9 @@ class BaseRunParameters(ParamsModel):
         "none", description="Start from another run: none; parameters (take its hyper-parameters); "
                             "rerun_tests (its hyper-parameters and models, testing again).")
     run_id: str | None = Field(None, description="The base run's id (required unless base_run_type is none).")
-    rerun_tests_force_test_during_training_state: bool = Field(
-        True, description="rerun_tests: re-run the tests of the iterations before the last too; not read by "
-                          "nipflow (kept so that the original library's parameter files load).")
+    rerun_tests_force_test_during_training_state: bool = unsupported_field(
+        True, "rerun_tests: re-run the tests of the iterations before the last too.",
+        "rerun_tests tests the iterations that text_rl.test_scheme names, like any run.")
 
     @model_validator(mode="after")
     def _needs_run_id(self) -> "BaseRunParameters":

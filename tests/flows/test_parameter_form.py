@@ -101,11 +101,11 @@ def test_the_other_knobs_map_to_their_fields():
 
 def test_model_knobs_set_every_agent_of_the_role_keeping_the_default_entry():
     hp = ExperimentParameters(**CV, protocol="debate", prover_model="p-model", verifier_model="v-model",
-                              params={"agents": {"_default": {"use_dummy_api": True, "temperature": 0.5}}}
+                              params={"agents": {"_default": {"freeze_agent": True, "temperature": 0.5}}}
                               ).hyper_params()
     assert [hp.agent_params(a).model_name for a in ("prover0", "prover1", "verifier")] == [
         "p-model", "p-model", "v-model"]
-    assert all(hp.agent_params(a).use_dummy_api and hp.agent_params(a).temperature == 0.5
+    assert all(hp.agent_params(a).freeze_agent and hp.agent_params(a).temperature == 0.5
                for a in ("prover0", "prover1", "verifier"))
     assert hp.agent_params("_default").model_name == "gpt-4o-mini-2024-07-18"
 
