@@ -58,7 +58,7 @@ class PureTextSharedModelGroupState(BaseModel):
 
 
 class PureTextWholeAgent:
-    """Calls chat completions for one agent.
+    """Calls chat completions for one agent; the scenario instance holds it in ``Agent.whole``.
 
     Parameters
     ----------

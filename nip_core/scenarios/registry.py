@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from nip_core.agents.base import Agent
 
 SCENARIO_REGISTRY: dict[str, Callable[..., "ScenarioInstance"]] = {}
 
@@ -24,12 +27,15 @@ class ScenarioInstance:
     """The components of an experiment (datasets, protocol, agents, environments...).
 
     Scenario builders fill what their trainers need; unused fields stay ``None``.
+    ``agents`` maps every agent name to its :class:`~nip_core.agents.base.Agent` (the
+    parts of a TensorDict agent, or the ``whole`` of a text agent); the ``combined_*``
+    fields are the modules that run those parts of all agents together.
     """
 
     train_dataset: Any
     test_dataset: Any
     protocol_handler: Any
-    agents: dict[str, Any] = field(default_factory=dict)
+    agents: dict[str, "Agent"] = field(default_factory=dict)
     train_environment: Any = None
     test_environment: Any = None
     combined_body: Any = None

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from nip_core.agents.base import Agent
 from nip_core.agents.pure_text import PureTextSharedModelGroup, PureTextWholeAgent
 from nip_core.protocols import build_protocol_handler
 from nip_core.scenarios.code_validation.dataset import CodeValidationDataset
@@ -59,7 +60,7 @@ def build_code_validation(hyper_params: Any, settings: Any, **_: Any) -> Scenari
         p = hyper_params.agent_params(agent)
         members.setdefault(getattr(p, "shared_model_group", None) or agent, []).append(agent)
     groups: dict[str, PureTextSharedModelGroup] = {}
-    agents: dict[str, PureTextWholeAgent] = {}
+    agents: dict[str, Agent] = {}  # each text agent's PureTextWholeAgent in Agent.whole
     for group, names in members.items():
         ps = [hyper_params.agent_params(a) for a in names]
         for field in ("model_name", "freeze_agent", "fine_tune_from_scratch"):
@@ -68,7 +69,8 @@ def build_code_validation(hyper_params: Any, settings: Any, **_: Any) -> Scenari
         groups[group] = g = PureTextSharedModelGroup(group, names, ps[0], client,
                                                       max_attempts=hyper_params.text_rl.fine_tune_max_attempts)
         for a in names:
-            agents[a] = PureTextWholeAgent(a, hyper_params.agent_params(a), client, lambda g=g: g.model_name)
+            agents[a] = Agent(whole=PureTextWholeAgent(a, hyper_params.agent_params(a), client,
+                                                       lambda g=g: g.model_name))
     return ScenarioInstance(train_dataset=train, test_dataset=test, protocol_handler=handler, agents=agents,
                             train_environment=CodeValidationEnvironment(handler),
                             test_environment=CodeValidationEnvironment(handler),

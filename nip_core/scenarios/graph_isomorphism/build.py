@@ -1,14 +1,15 @@
 """Builder of the graph-isomorphism scenario (registered as ``"graph_isomorphism"``).
 
-Builds, in order: the protocol handler, the train/test datasets, the combined agents
-(parts chosen by trainer type, docs/behaviour.md#b20) and, for RL trainers, the
-train and test environments. Tests and benchmarks may inject ready-made datasets or a
-protocol handler through keyword arguments.
+Builds, in order: the protocol handler, the train/test datasets, every agent as an
+:class:`~nip_core.agents.base.Agent` (parts chosen by trainer type, docs/behaviour.md#b20;
+part classes from ``part_classes`` or the scenario's registry), the combined module made of
+those agents' parts and, for RL trainers, the train and test environments. Tests and
+benchmarks may inject ready-made datasets or a protocol handler through keyword arguments.
 """
 
 from __future__ import annotations
 
-from nip_core.scenarios.graph_isomorphism.agents import build_combined_agents
+from nip_core.scenarios.graph_isomorphism.agents import build_agents, build_combined_agents
 from nip_core.scenarios.graph_isomorphism.environment import GraphIsomorphismEnvironment
 from nip_core.scenarios.registry import ScenarioInstance, register_scenario
 
@@ -34,7 +35,7 @@ def load_datasets(hyper_params, settings):
 
 @register_scenario("graph_isomorphism")
 def build_graph_isomorphism(hyper_params, settings, *, trainer_type: str = "rl", train_dataset=None,
-                            test_dataset=None, protocol_handler=None) -> ScenarioInstance:
+                            test_dataset=None, protocol_handler=None, part_classes=None) -> ScenarioInstance:
     """Build every component of a graph-isomorphism experiment.
 
     Parameters
@@ -45,6 +46,9 @@ def build_graph_isomorphism(hyper_params, settings, *, trainer_type: str = "rl",
         ``"rl"`` (environments, policy/value heads) or ``"solo_agent"`` (solo heads only).
     train_dataset, test_dataset, protocol_handler
         Ready-made components to use instead of building them.
+    part_classes
+        Agent part classes replacing the stock ones, by base class, e.g.
+        ``{AgentBody: MyBody}`` (see :mod:`nip_core.agents.base`).
     """
     if protocol_handler is None:
         from nip_core.protocols import build_protocol_handler
@@ -54,11 +58,12 @@ def build_graph_isomorphism(hyper_params, settings, *, trainer_type: str = "rl",
         train_dataset, test_dataset = load_datasets(hyper_params, settings)
     max_nodes = int(train_dataset.max_nodes)
     use_critic = trainer_uses_critic(hyper_params)
+    agent_parts = build_agents(hyper_params, settings, protocol_handler, max_nodes, trainer_type=trainer_type,
+                               use_critic=use_critic, part_classes=part_classes)
     agents = build_combined_agents(hyper_params, protocol_handler, max_nodes, trainer_type=trainer_type,
-                                   use_critic=use_critic)
+                                   use_critic=use_critic, settings=settings, agents=agent_parts)
     instance = ScenarioInstance(train_dataset=train_dataset, test_dataset=test_dataset,
-                                protocol_handler=protocol_handler,
-                                agents={name: name for name in protocol_handler.agent_names})
+                                protocol_handler=protocol_handler, agents=agent_parts)
     instance.extras["combined_agents"] = agents
     instance.extras["use_critic"] = use_critic
     if trainer_type == "rl":
@@ -70,6 +75,10 @@ def build_graph_isomorphism(hyper_params, settings, *, trainer_type: str = "rl",
                                                                  seed=hyper_params.seed, device=device)
         instance.test_environment = GraphIsomorphismEnvironment(hyper_params, test_dataset, protocol_handler,
                                                                 seed=hyper_params.seed + 1, device=device)
+        # one module runs every combined part (bodies and heads of all agents)
+        instance.combined_body = agents if agents.shared_body else None
+        instance.combined_policy_body = None if agents.shared_body else agents
+        instance.combined_value_body = None if agents.shared_body else agents
         instance.combined_policy_head = agents
         instance.combined_value_head = agents if use_critic else None
     return instance

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from nip_core.agents.base import AgentBody, TensorDictAgentPartMixin
 from nip_core.agents.mlp import activation_class
 
 
@@ -78,23 +79,29 @@ class GraphIsomorphismGnn(nn.Module):
         return h
 
 
-class GraphIsomorphismAgentBody(nn.Module):
-    """One agent's body.
+class GraphIsomorphismAgentBody(TensorDictAgentPartMixin, AgentBody):
+    """One agent's body: GNN over both graphs, pooling, cross-graph transformer.
 
     Parameters
     ----------
-    agent_params
-        The agent's ``GraphIsomorphismAgentParameters``.
-    max_rounds, num_visible_channels, message_size, max_nodes
-        Sizes of the agent's input.
-    d_representation
-        Size of the output representations.
+    hyper_params, settings, agent_name, protocol_handler
+        As :class:`~nip_core.agents.base.AgentPart`; the architecture comes from the
+        agent's ``GraphIsomorphismAgentParameters``, the input sizes from the protocol
+        (rounds, the agent's visible channels) and ``hyper_params.message_size``.
+    max_nodes
+        Number of node slots per graph.
     """
 
-    def __init__(self, agent_params, *, max_rounds: int, num_visible_channels: int, message_size: int,
-                 max_nodes: int, d_representation: int):
-        super().__init__()
-        p = agent_params
+    in_keys = ("x", "adjacency", "message", "node_mask", "ignore_message")
+    out_keys = ("graph_level_repr", "node_level_repr")
+
+    def __init__(self, hyper_params, settings, agent_name: str, protocol_handler, *, max_nodes: int):
+        super().__init__(hyper_params, settings, agent_name, protocol_handler)
+        p = self.agent_params
+        max_rounds = protocol_handler.max_message_rounds
+        num_visible_channels = len(self.visible_channel_indices)
+        message_size = hyper_params.message_size
+        d_representation = self.d_representation
         self.max_nodes = max_nodes
         self.use_dual_gnn = p.use_dual_gnn
         self.use_pair_invariant_pooling = p.use_pair_invariant_pooling

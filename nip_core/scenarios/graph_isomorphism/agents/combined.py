@@ -1,8 +1,10 @@
 """All agents of a graph-isomorphism experiment as one module (docs/behaviour.md#b19, #b20).
 
-``CombinedAgents`` holds every agent's parts in ``ModuleDict``s keyed by agent name
-(``policy_body`` — or ``body`` when actor and critic share it —, ``value_body``,
-``policy_head``, ``value_head``, ``solo_head``) and runs them on an environment
+The agents are built first, as :class:`~nip_core.agents.base.Agent`\\ s
+(:mod:`~nip_core.scenarios.graph_isomorphism.agents.parts`); ``CombinedAgents`` takes their
+parts into ``ModuleDict``s keyed by agent name (``policy_body`` — which holds ``body`` when
+actor and critic share it —, ``value_body``, ``policy_head``, ``value_head``,
+``solo_head``; these names are the checkpoint keys) and runs them on an environment
 tensordict, stacking results along an ``agent`` dim under the ``agents`` key:
 
 * each body sees only its agent's visible channels of ``x`` and ``message``, and ignores
@@ -17,28 +19,34 @@ which restricts nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 from tensordict import TensorDictBase
 from torch import Tensor, nn
 
+from nip_core.agents.base import Agent, check_part_keys
 from nip_core.agents.lr_groups import body_groups, drop_frozen, head_group, shared_body_groups
-from nip_core.agents.mlp import agent_init_seed, orthogonal_init
-from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody
+from nip_core.scenarios.graph_isomorphism.agents.parts import agent_part_flags, build_agents
 from nip_core.scenarios.graph_isomorphism.agents.stacked import can_stack, stacked_bodies_forward
-from nip_core.scenarios.graph_isomorphism.agents.heads import (
-    ConstantValueHead,
-    GraphIsomorphismPolicyHead,
-    GraphIsomorphismSoloHead,
-    GraphIsomorphismValueHead,
-    RandomAgentBody,
-    RandomPolicyHead,
-)
 
 MASK_VALUE = -1e9
+
+#: What a body may read: the environment's keys, restricted to the agent's visible channels.
+AGENT_INPUT_KEYS = frozenset({"x", "adjacency", "message", "node_mask", "ignore_message", "round"})
+BODY_OUTPUT_KEYS = ("graph_level_repr", "node_level_repr")
+POLICY_HEAD_OUTPUT_KEYS = ("node_selected_logits", "decision_logits")
 
 
 class CombinedAgents(nn.Module):
     """Every agent's body and heads, run together on an environment tensordict.
+
+    The parts are those of the given :class:`~nip_core.agents.base.Agent`\\ s (the same
+    module objects, so training this module trains them). Each part is fed the keys it
+    declares (``in_keys``): a body reads the environment keys of ``AGENT_INPUT_KEYS``
+    (``x`` and ``message`` restricted to the agent's visible channels, ``ignore_message``
+    true in round 0), a head those and its body's outputs.
 
     Parameters
     ----------
@@ -48,83 +56,85 @@ class CombinedAgents(nn.Module):
         Agent names, channels, visibility.
     max_nodes
         Number of node slots per graph.
+    agents
+        Agent name -> ``Agent``, for every agent of the protocol. Either every agent has a
+        ``body`` (shared by its heads) or the non-random ones have ``policy_body`` and
+        ``value_body``.
     use_critic
-        Build value heads.
-    shared_body
-        One body per agent for actor and critic (else separate policy and value bodies).
-    solo
-        Build solo heads (supervised trainer).
+        Whether value heads are trained (every agent then has a ``value_head``).
+
+    Raises
+    ------
+    ValueError
+        If an agent is missing, or a part's keys do not fit (naming the agent and part).
     """
 
-    def __init__(self, hyper_params, protocol_handler, max_nodes: int, *, use_critic: bool = True,
-                 shared_body: bool = True, solo: bool = False, policy: bool = True):
+    def __init__(self, hyper_params, protocol_handler, max_nodes: int, agents: Mapping[str, Agent], *,
+                 use_critic: bool = True):
         super().__init__()
         self.hyper_params = hyper_params
         self.agent_names = list(protocol_handler.agent_names)
+        missing = [name for name in self.agent_names if name not in agents]
+        if missing:
+            raise ValueError(f"agents: no Agent for {missing} (the protocol's agents are {self.agent_names})")
         self.max_nodes = max_nodes
         self.max_rounds = protocol_handler.max_message_rounds
         self.num_channels = len(protocol_handler.message_channel_names)
         self.message_size = hyper_params.message_size
-        self.shared_body = shared_body
+        self.shared_body = not any(agents[name].policy_body is not None for name in self.agent_names)
         self.use_critic = use_critic
         visibility = torch.as_tensor(protocol_handler.agent_channel_visibility_mask, dtype=torch.bool)
         self.visible_channels = [visibility[i].nonzero().squeeze(-1).tolist() for i in range(len(self.agent_names))]
-        prover_names = set(getattr(protocol_handler, "prover_names", [a for a in self.agent_names if "prover" in a]))
-        verifier_names = set(getattr(protocol_handler, "verifier_names",
-                                     [a for a in self.agent_names if "verifier" in a]))
+        prover_names = set(protocol_handler.prover_names)
         self.register_buffer("is_prover", torch.tensor([a in prover_names for a in self.agent_names]),
                              persistent=False)
+        # Registration order and names make the state_dict keys: "policy_body.<agent>." holds
+        # the shared body too.
         self.policy_body, self.value_body = nn.ModuleDict(), nn.ModuleDict()
         self.policy_head, self.value_head, self.solo_head = nn.ModuleDict(), nn.ModuleDict(), nn.ModuleDict()
-        for index, name in enumerate(self.agent_names):
-            params = hyper_params.agent_params(name)
-            n_vis = len(self.visible_channels[index])
-            body_kw = dict(max_rounds=self.max_rounds, num_visible_channels=n_vis, message_size=self.message_size,
-                           max_nodes=max_nodes, d_representation=hyper_params.d_representation)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(agent_init_seed(hyper_params.seed, index))
-                if params.is_random:
-                    if solo:
-                        raise ValueError(f"agents.{name}: random agents cannot be trained as solo agents")
-                    self.policy_body[name] = RandomAgentBody(max_nodes=max_nodes,
-                                                             d_representation=hyper_params.d_representation)
-                    if policy:
-                        self.policy_head[name] = RandomPolicyHead(num_visible_channels=n_vis,
-                                                                  message_size=self.message_size,
-                                                                  max_nodes=max_nodes)
-                    if use_critic:
-                        self.value_head[name] = ConstantValueHead()
-                    continue
-                self.policy_body[name] = GraphIsomorphismAgentBody(params, **body_kw)
-                if use_critic and not shared_body:
-                    self.value_body[name] = GraphIsomorphismAgentBody(params, **body_kw)
-                if policy:
-                    self.policy_head[name] = GraphIsomorphismPolicyHead(
-                        params, is_verifier=name in verifier_names, num_visible_channels=n_vis,
-                        message_size=self.message_size, max_nodes=max_nodes, max_rounds=self.max_rounds,
-                        d_representation=hyper_params.d_representation)
-                if use_critic:
-                    self.value_head[name] = GraphIsomorphismValueHead(
-                        params, max_rounds=self.max_rounds, d_representation=hyper_params.d_representation)
-                if solo:
-                    self.solo_head[name] = GraphIsomorphismSoloHead(
-                        params, d_representation=hyper_params.d_representation)
-                if params.use_orthogonal_initialisation:
-                    for part in (self.policy_body, self.value_body, self.policy_head, self.value_head,
-                                 self.solo_head):
-                        if name in part:
-                            orthogonal_init(part[name], params.orthogonal_initialisation_gain)
+        for name in self.agent_names:
+            agent = agents[name]
+            body = agent.body if agent.body is not None else agent.policy_body
+            if body is None:
+                raise ValueError(f"agents.{name}: a graph-isomorphism agent needs a body")
+            check_part_keys(body, AGENT_INPUT_KEYS, BODY_OUTPUT_KEYS, f"body of agent '{name}'")
+            self.policy_body[name] = body
+            if agent.value_body is not None:
+                check_part_keys(agent.value_body, AGENT_INPUT_KEYS, BODY_OUTPUT_KEYS, f"value_body of agent '{name}'")
+                self.value_body[name] = agent.value_body
+            for field, target, outputs in (("policy_head", self.policy_head, POLICY_HEAD_OUTPUT_KEYS),
+                                           ("value_head", self.value_head, ("value",)),
+                                           ("solo_head", self.solo_head, ("decision_logits",))):
+                head = getattr(agent, field)
+                if head is not None:
+                    check_part_keys(head, AGENT_INPUT_KEYS | set(body.out_keys), outputs,
+                                     f"{field} of agent '{name}'")
+                    target[name] = head
+            if use_critic and name not in self.value_head:
+                raise ValueError(f"agents.{name}: use_critic is set but the agent has no value_head")
 
     # -- running the parts ----------------------------------------------------------------
 
-    def _body_outputs(self, td: TensorDictBase, bodies: nn.ModuleDict) -> list[tuple[Tensor, Tensor]]:
+    def _agent_input(self, td: TensorDictBase, index: int, key: str, ignore_message: Tensor) -> Tensor:
+        """Environment input ``key`` as agent ``index`` sees it."""
+        if key == "x":
+            return td["x"][:, :, self.visible_channels[index]]
+        if key == "message":
+            return td["message"][:, self.visible_channels[index]]
+        if key == "ignore_message":
+            return ignore_message
+        return td[key]
+
+    def _run_part(self, part: nn.Module, td: TensorDictBase, index: int, ignore_message: Tensor,
+                  known: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """``part``'s outputs by key, fed its ``in_keys`` from ``known`` or the environment."""
+        inputs = [known[key] if known is not None and key in known else
+                  self._agent_input(td, index, key, ignore_message) for key in part.in_keys]
+        return dict(zip(part.out_keys, part.outputs_as_tuple(part(*inputs))))
+
+    def _body_outputs(self, td: TensorDictBase, bodies: nn.ModuleDict) -> list[dict[str, Tensor]]:
         ignore_message = td["round"] == 0
-        outputs = []
-        for index, name in enumerate(self.agent_names):
-            channels = self.visible_channels[index]
-            outputs.append(bodies[name](td["x"][:, :, channels], td["adjacency"], td["message"][:, channels],
-                                        td["node_mask"], ignore_message))
-        return outputs
+        return [self._run_part(bodies[name], td, index, ignore_message) for index, name in enumerate(self.agent_names)]
 
     def _mask_message_logits(self, logits: Tensor, td: TensorDictBase) -> Tensor:
         """Expanded ``(B, A, C, M, 2N)`` logits with the visibility/opposite-graph/node masks."""
@@ -156,8 +166,10 @@ class CombinedAgents(nn.Module):
         """``(*self.policy(td), self.value(td))`` with each body run once.
 
         A shared body gives both heads the same representations; separate policy and value
-        bodies of one agent (equal shapes) run stacked, as one batched computation
-        (:func:`~nip_core.scenarios.graph_isomorphism.agents.stacked.stacked_bodies_forward`).
+        bodies of one agent run stacked, as one batched computation, when they are stock
+        bodies of equal shapes
+        (:func:`~nip_core.scenarios.graph_isomorphism.agents.stacked.stacked_bodies_forward`),
+        else one after the other.
         """
         if self.shared_body:
             outputs = self._body_outputs(td, self.policy_body)
@@ -165,32 +177,34 @@ class CombinedAgents(nn.Module):
         ignore_message = td["round"] == 0
         policy_outputs, value_outputs = [], []
         for index, name in enumerate(self.agent_names):
-            channels = self.visible_channels[index]
-            inputs = (td["x"][:, :, channels], td["adjacency"], td["message"][:, channels], td["node_mask"],
-                      ignore_message)
             bodies = [self.policy_body[name]] + ([self.value_body[name]] if name in self.value_body else [])
             if can_stack(bodies):
-                outputs = stacked_bodies_forward(bodies, *inputs)
+                inputs = [self._agent_input(td, index, key, ignore_message) for key in bodies[0].in_keys]
+                outputs = [dict(zip(body.out_keys, out))
+                           for body, out in zip(bodies, stacked_bodies_forward(bodies, *inputs))]
             else:
-                outputs = [body(*inputs) for body in bodies]
+                outputs = [self._run_part(body, td, index, ignore_message) for body in bodies]
             policy_outputs.append(outputs[0])
             value_outputs.append(outputs[-1])
         return (*self._policy_from(td, policy_outputs), self._values_from(td, value_outputs))
 
-    def _policy_from(self, td: TensorDictBase, outputs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    def _policy_from(self, td: TensorDictBase, outputs: list[dict[str, Tensor]]) -> tuple[Tensor, Tensor]:
         B = td.batch_size[0]
         message_logits = torch.full((B, len(self.agent_names), self.num_channels, self.message_size,
                                      2 * self.max_nodes), MASK_VALUE, device=td["x"].device)
         decision_logits = []
-        for index, (name, (graph_repr, node_repr)) in enumerate(zip(self.agent_names, outputs)):
-            node_logits, dec_logits = self.policy_head[name](graph_repr, node_repr, td["round"])
+        ignore_message = td["round"] == 0
+        for index, (name, reprs) in enumerate(zip(self.agent_names, outputs)):
+            head_out = self._run_part(self.policy_head[name], td, index, ignore_message, reprs)
+            node_logits, dec_logits = (head_out[key] for key in POLICY_HEAD_OUTPUT_KEYS)
             message_logits[:, index, self.visible_channels[index]] = node_logits.to(message_logits.dtype)
             decision_logits.append(dec_logits.to(message_logits.dtype))
         return self._mask_message_logits(message_logits, td), torch.stack(decision_logits, 1)
 
-    def _values_from(self, td: TensorDictBase, outputs: list[tuple[Tensor, Tensor]]) -> Tensor:
-        values = [self.value_head[name](graph_repr, td["round"]).float()
-                  for name, (graph_repr, _) in zip(self.agent_names, outputs)]
+    def _values_from(self, td: TensorDictBase, outputs: list[dict[str, Tensor]]) -> Tensor:
+        ignore_message = td["round"] == 0
+        values = [self._run_part(self.value_head[name], td, index, ignore_message, reprs)["value"].float()
+                  for index, (name, reprs) in enumerate(zip(self.agent_names, outputs))]
         return torch.stack(values, 1)
 
     def _value_bodies(self) -> nn.ModuleDict:
@@ -203,9 +217,14 @@ class CombinedAgents(nn.Module):
 
     def solo_logits(self, td: TensorDictBase) -> Tensor:
         """``(B, A_solo, 2)`` classification logits of the agents with a solo head."""
-        names = [n for n in self.agent_names if n in self.solo_head]
-        outputs = self._body_outputs(td, self.policy_body)
-        return torch.stack([self.solo_head[n](outputs[self.agent_names.index(n)][0]) for n in names], 1)
+        ignore_message = td["round"] == 0
+        logits = []
+        for index, name in enumerate(self.agent_names):
+            if name in self.solo_head:
+                reprs = self._run_part(self.policy_body[name], td, index, ignore_message)
+                logits.append(self._run_part(self.solo_head[name], td, index, ignore_message,
+                                             reprs)["decision_logits"])
+        return torch.stack(logits, 1)
 
     def actor_parameters(self, name: str) -> list[nn.Parameter]:
         """The trainable parameters of ``name``'s policy (body and policy head)."""
@@ -247,11 +266,29 @@ class CombinedAgents(nn.Module):
 
 
 def build_combined_agents(hyper_params, protocol_handler, max_nodes: int, trainer_type: str = "rl",
-                          use_critic: bool = True) -> CombinedAgents:
-    """The parts a trainer needs (docs/behaviour.md#b20)."""
-    if trainer_type == "solo_agent":
-        return CombinedAgents(hyper_params, protocol_handler, max_nodes, use_critic=False, shared_body=True,
-                              solo=True, policy=False)
-    shared = hyper_params.rl.use_shared_body or not use_critic
-    return CombinedAgents(hyper_params, protocol_handler, max_nodes, use_critic=use_critic, shared_body=shared,
-                          solo=hyper_params.pretrain_agents)
+                          use_critic: bool = True, *, settings: Any = None,
+                          agents: Mapping[str, Agent] | None = None,
+                          part_classes: Mapping[type, type] | None = None) -> CombinedAgents:
+    """The combined module of the parts a trainer needs (docs/behaviour.md#b20).
+
+    Parameters
+    ----------
+    hyper_params, protocol_handler, max_nodes
+        The experiment, its protocol and the number of node slots per graph.
+    trainer_type, use_critic
+        Which parts to build (:func:`~nip_core.scenarios.graph_isomorphism.agents.parts.agent_part_flags`).
+    settings
+        The experiment settings, handed to the parts.
+    agents
+        Ready-built agents (:func:`~nip_core.scenarios.graph_isomorphism.agents.parts.build_agents`);
+        built here when omitted.
+    part_classes
+        Part classes replacing the stock ones when the agents are built here.
+    """
+    if agents is None:
+        agents = build_agents(hyper_params, settings, protocol_handler, max_nodes, trainer_type=trainer_type,
+                              use_critic=use_critic, part_classes=part_classes)
+    elif part_classes is not None:
+        raise ValueError("build_combined_agents: part_classes applies only when the agents are built here")
+    flags = agent_part_flags(hyper_params, trainer_type, use_critic)
+    return CombinedAgents(hyper_params, protocol_handler, max_nodes, agents, use_critic=flags["use_critic"])

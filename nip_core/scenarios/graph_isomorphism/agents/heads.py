@@ -1,32 +1,49 @@
-"""Graph-isomorphism heads: node selector + decider (policy), value, solo, and random ones."""
+"""Graph-isomorphism heads: node selector + decider (policy), value, solo, and random ones.
+
+Every part is built as ``cls(hyper_params, settings, agent_name, protocol_handler,
+max_nodes=...)`` (:mod:`nip_core.agents.base`); the sizes come from the protocol (rounds,
+the agent's visible channels), ``hyper_params.message_size`` and ``d_representation``.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
+from nip_core.agents.base import (
+    AgentBody,
+    AgentPolicyHead,
+    AgentValueHead,
+    SoloAgentHead,
+    TensorDictAgentPartMixin,
+)
 from nip_core.agents.mlp import make_mlp, one_hot_round
 
 
-class GraphIsomorphismPolicyHead(nn.Module):
+class GraphIsomorphismPolicyHead(TensorDictAgentPartMixin, AgentPolicyHead):
     """Per-node message logits and (verifiers only) decision logits.
 
     Outputs ``node_selected_logits (B, visible_channels, position, 2 * N)`` and
     ``decision_logits (B, 3)`` (zeros for non-verifiers: uniform, never used).
     """
 
-    def __init__(self, agent_params, *, is_verifier: bool, num_visible_channels: int, message_size: int,
-                 max_nodes: int, max_rounds: int, d_representation: int):
-        super().__init__()
-        p = agent_params
-        self.num_visible_channels, self.message_size = num_visible_channels, message_size
-        self.max_rounds = max_rounds
+    in_keys = ("graph_level_repr", "node_level_repr", "round")
+    out_keys = ("node_selected_logits", "decision_logits")
+
+    def __init__(self, hyper_params, settings, agent_name: str, protocol_handler, *, max_nodes: int):
+        super().__init__(hyper_params, settings, agent_name, protocol_handler)
+        p = self.agent_params
+        d_representation = hyper_params.d_representation
+        self.num_visible_channels = len(self.visible_channel_indices)
+        self.message_size = hyper_params.message_size
+        self.max_rounds = protocol_handler.max_message_rounds
         self.include_round = p.include_round_in_decider
-        self.node_selector = make_mlp(d_representation, p.d_node_selector, num_visible_channels * message_size,
+        self.node_selector = make_mlp(d_representation, p.d_node_selector,
+                                      self.num_visible_channels * self.message_size,
                                       p.num_node_selector_layers, p.activation_function)
         self.decider = None
-        if is_verifier:
-            d_in = 2 * d_representation + (max_rounds + 1 if self.include_round else 0)
+        if self.has_decider:
+            d_in = 2 * d_representation + (self.max_rounds + 1 if self.include_round else 0)
             self.decider = make_mlp(d_in, p.d_decider, 3, p.num_decider_layers, p.activation_function)
 
     def forward(self, graph_repr: Tensor, node_repr: Tensor, round_: Tensor) -> tuple[Tensor, Tensor]:
@@ -42,15 +59,18 @@ class GraphIsomorphismPolicyHead(nn.Module):
         return node_logits, self.decider(features)
 
 
-class GraphIsomorphismValueHead(nn.Module):
+class GraphIsomorphismValueHead(TensorDictAgentPartMixin, AgentValueHead):
     """Graph-level MLP (+ one-hot round) giving the agent's value ``(B, 1)``."""
 
-    def __init__(self, agent_params, *, max_rounds: int, d_representation: int):
-        super().__init__()
-        p = agent_params
-        self.max_rounds = max_rounds
+    in_keys = ("graph_level_repr", "round")
+    out_keys = ("value",)
+
+    def __init__(self, hyper_params, settings, agent_name: str, protocol_handler, *, max_nodes: int):
+        super().__init__(hyper_params, settings, agent_name, protocol_handler)
+        p = self.agent_params
+        self.max_rounds = protocol_handler.max_message_rounds
         self.include_round = p.include_round_in_value
-        d_in = 2 * d_representation + (max_rounds + 1 if self.include_round else 0)
+        d_in = 2 * hyper_params.d_representation + (self.max_rounds + 1 if self.include_round else 0)
         self.mlp = make_mlp(d_in, p.d_value, 1, p.num_value_layers, p.activation_function)
 
     def forward(self, graph_repr: Tensor, round_: Tensor) -> Tensor:
@@ -60,54 +80,67 @@ class GraphIsomorphismValueHead(nn.Module):
         return self.mlp(features)
 
 
-class GraphIsomorphismSoloHead(nn.Module):
+class GraphIsomorphismSoloHead(TensorDictAgentPartMixin, SoloAgentHead):
     """Graph-level MLP giving 2 logits (not isomorphic / isomorphic): supervised classification."""
 
-    def __init__(self, agent_params, *, d_representation: int):
-        super().__init__()
-        p = agent_params
-        self.mlp = make_mlp(2 * d_representation, p.d_decider, 2, p.num_decider_layers, p.activation_function)
+    in_keys = ("graph_level_repr",)
+    out_keys = ("decision_logits",)
+
+    def __init__(self, hyper_params, settings, agent_name: str, protocol_handler, *, max_nodes: int):
+        super().__init__(hyper_params, settings, agent_name, protocol_handler)
+        p = self.agent_params
+        self.mlp = make_mlp(2 * hyper_params.d_representation, p.d_decider, 2, p.num_decider_layers,
+                            p.activation_function)
 
     def forward(self, graph_repr: Tensor) -> Tensor:
         return self.mlp(graph_repr.reshape(graph_repr.shape[0], -1))
 
 
-class RandomAgentBody(nn.Module):
+class RandomAgentBody(TensorDictAgentPartMixin, AgentBody):
     """Zero representations; one dummy parameter so optimisers and devices still work."""
 
-    def __init__(self, *, max_nodes: int, d_representation: int):
-        super().__init__()
-        self.dummy = nn.Parameter(torch.zeros(()))
-        self.max_nodes, self.d = max_nodes, d_representation
+    in_keys = ("x",)
+    out_keys = ("graph_level_repr", "node_level_repr")
 
-    def forward(self, x, adjacency, message, node_mask, ignore_message):
+    def __init__(self, hyper_params, settings, agent_name: str, protocol_handler, *, max_nodes: int):
+        super().__init__(hyper_params, settings, agent_name, protocol_handler)
+        self.dummy = nn.Parameter(torch.zeros(()))
+        self.max_nodes, self.d = max_nodes, self.d_representation
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         B = x.shape[0]
         zero = self.dummy * 0
         return (zero + torch.zeros(B, 2, self.d, device=x.device),
                 zero + torch.zeros(B, 2, self.max_nodes, self.d, device=x.device))
 
 
-class RandomPolicyHead(nn.Module):
+class RandomPolicyHead(TensorDictAgentPartMixin, AgentPolicyHead):
     """All-zero logits: uniform over nodes and decisions."""
 
-    def __init__(self, *, num_visible_channels: int, message_size: int, max_nodes: int):
-        super().__init__()
-        self.dummy = nn.Parameter(torch.zeros(()))
-        self.shape = (num_visible_channels, message_size, 2 * max_nodes)
+    in_keys = ("graph_level_repr",)
+    out_keys = ("node_selected_logits", "decision_logits")
 
-    def forward(self, graph_repr, node_repr, round_):
+    def __init__(self, hyper_params, settings, agent_name: str, protocol_handler, *, max_nodes: int):
+        super().__init__(hyper_params, settings, agent_name, protocol_handler)
+        self.dummy = nn.Parameter(torch.zeros(()))
+        self.shape = (len(self.visible_channel_indices), hyper_params.message_size, 2 * max_nodes)
+
+    def forward(self, graph_repr: Tensor) -> tuple[Tensor, Tensor]:
         B = graph_repr.shape[0]
         zero = self.dummy * 0
         return (zero + torch.zeros(B, *self.shape, device=graph_repr.device),
                 zero + torch.zeros(B, 3, device=graph_repr.device))
 
 
-class ConstantValueHead(nn.Module):
+class ConstantValueHead(TensorDictAgentPartMixin, AgentValueHead):
     """Value 0 for every state."""
 
-    def __init__(self):
-        super().__init__()
+    in_keys = ("graph_level_repr",)
+    out_keys = ("value",)
+
+    def __init__(self, hyper_params, settings, agent_name: str, protocol_handler, *, max_nodes: int):
+        super().__init__(hyper_params, settings, agent_name, protocol_handler)
         self.dummy = nn.Parameter(torch.zeros(()))
 
-    def forward(self, graph_repr, round_):
+    def forward(self, graph_repr: Tensor) -> Tensor:
         return self.dummy * 0 + torch.zeros(graph_repr.shape[0], 1, device=graph_repr.device)
