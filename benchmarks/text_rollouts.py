@@ -34,7 +34,7 @@ def measure(scenario, hp, count: int, concurrency: int) -> tuple[float, int]:
     env, ds = scenario.train_environment, scenario.train_dataset
     indices = datapoint_indices(hp.seed, len(ds), 0, count)
     seeds = [stable_seed(hp.seed, "bench", k, modulus=2**16) for k in range(count)]
-    actor = TextActor(env, scenario.agents, hp.interaction_protocol, hp)
+    actor = TextActor(env, scenario.whole_agents(), hp.interaction_protocol, hp)
     t0 = time.perf_counter()
     rollouts = sample_rollouts(env, actor, ds, indices, seeds, concurrency)
     elapsed = time.perf_counter() - t0

@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("file")
     validate.add_argument("--set", dest="overrides", action="append", default=[])
 
+    from flows.sweep_cli import add_sweep_parser
+
+    add_sweep_parser(sub, _add_run_options)
+
     report = sub.add_parser("report", help="plots and a markdown summary of a run or a sweep")
     report.add_argument("run_id", nargs="+")
     report.add_argument("--out")
@@ -210,11 +214,11 @@ def _train_direct(params, settings) -> None:
     from nip_core.trainers import build_trainer
 
     trainer = build_trainer(params, settings)
-    print(f"run {settings.run_id}: {trainer.run.location if trainer.run else '(not stored)'}",
+    print(f"run {settings.run_id}: {trainer.run.location if trainer.run.persistent else '(not stored)'}",
           file=sys.stderr)
     index, outcome = None, ("completed", None)
     try:
-        if trainer.run is not None:  # one driver per run: wait for (or take over) the lease
+        if trainer.run.persistent:  # one driver per run: wait for (or take over) the lease
             trainer.run.lock.acquire()
             trainer.reload_state()
             index = begin_invocation(trainer.run, "direct")
@@ -225,7 +229,7 @@ def _train_direct(params, settings) -> None:
     finally:
         if index is not None:
             end_invocation(trainer.run, index, *outcome)
-        if trainer.run is not None:
+        if trainer.run.persistent:
             trainer.run.lock.release()
         trainer.close()
 
@@ -357,7 +361,15 @@ def cmd_prefect(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "resume": cmd_resume, "status": cmd_status, "params": cmd_params,
+def cmd_sweep(args) -> int:
+    from flows.sweep_cli import cmd_sweep as run_sweep
+
+    if args.direct:
+        raise UsageError("nipflow sweep runs its points as Prefect flow runs: --direct is not available")
+    return run_sweep(args, _settings)
+
+
+COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "resume": cmd_resume, "status": cmd_status, "params": cmd_params,
             "report": cmd_report, "api-server": cmd_api_server, "prefect": cmd_prefect,
             "evaluate": cmd_evaluate, "ui": cmd_ui, "worker": cmd_worker}
 

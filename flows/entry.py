@@ -12,12 +12,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from nip_core.errors import NipflowError
 from nip_core.parameters import HyperParameters
 from nip_core.runs.storage import is_url
 from nip_core.settings import ExperimentSettings
+
+
+T = TypeVar("T")
 
 
 class FlowRunFailedError(NipflowError):
@@ -54,9 +57,9 @@ def _local_server_env(settings: ExperimentSettings) -> dict[str, str]:
 def experiment_parameters(params: HyperParameters, settings: ExperimentSettings):
     """The flow parameters equivalent to a CLI run of ``params`` with ``settings``."""
     from flows.parameters import ExperimentParameters
-    from flows.secrets import SECRET_SETTINGS_FIELDS
+    from flows.secret_blocks import SECRET_SETTINGS_FIELDS
 
-    # Secrets never become flow parameters: the flow reads them on the worker (flows.secrets).
+    # Secrets never become flow parameters: the flow reads them on the worker (flows.secret_blocks).
     extra = settings.model_dump(mode="python", exclude={"run_id", "runs_dir", "device", "use_wandb",
                                                          "on_params_mismatch", *SECRET_SETTINGS_FIELDS})
     extra = {k: v for k, v in extra.items() if v != ExperimentSettings.model_fields[k].get_default(
@@ -75,36 +78,46 @@ def run_through_prefect(params: HyperParameters, settings: ExperimentSettings) -
     FlowRunFailedError
         If the flow run ends in any state but Completed.
     """
+    return in_local_prefect(settings, lambda: _run(params, settings))
+
+
+def in_local_prefect(settings: ExperimentSettings, fn: Callable[[], T]) -> T:
+    """Call ``fn`` (which runs flows) against the configured Prefect API, or the local one.
+
+    Without ``PREFECT_API_URL`` that is Prefect's temporary server on ``<runs_dir>/.prefect``
+    (see the module docstring); flow heartbeats are then off: with a temporary in-process
+    server nobody else can pick up a dead run, so zombie detection (the reason for
+    heartbeats) has no use, and the heartbeat thread's join costs about 1 s per flow run
+    (docs/architecture.md#prefect-heartbeats). Deployed runs keep their heartbeats.
+    """
     # Prefect's HTTP client logs every request at INFO through httpx: keep the CLI readable.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     env = _local_server_env(settings)
-    if "prefect" in sys.modules and env:
-        # Prefect read its settings at import: override them for this call only.
-        from prefect.settings import temporary_settings
-        from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED
+    if "prefect" not in sys.modules or not env:
+        os.environ.update(env)
+        return _without_local_heartbeats(fn)
+    # Prefect read its settings at import: override them for this call only.
+    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
 
-        updates = {PREFECT_SERVER_ANALYTICS_ENABLED: False}
-        if "PREFECT_HOME" in env:
-            updates[PREFECT_HOME] = env["PREFECT_HOME"]
-        with temporary_settings(updates=updates):
-            return _run(params, settings)
-    os.environ.update(env)
-    return _run(params, settings)
+    updates = {PREFECT_SERVER_ANALYTICS_ENABLED: False}
+    if "PREFECT_HOME" in env:
+        updates[PREFECT_HOME] = env["PREFECT_HOME"]
+    with temporary_settings(updates=updates):
+        return _without_local_heartbeats(fn)
+
+
+def _without_local_heartbeats(fn: Callable[[], T]) -> T:
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    updates = {} if _api_url_configured() else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    with temporary_settings(updates=updates):
+        return fn()
 
 
 def _run(params: HyperParameters, settings: ExperimentSettings) -> dict[str, Any]:
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
     from flows.experiment import train_experiment
 
-    updates = {}
-    if not _api_url_configured():
-        # With a temporary in-process server nobody else can pick up a dead run, so zombie
-        # detection (the reason for heartbeats) has no use; the heartbeat thread's join costs
-        # about 1 s per flow run (prefect_notes.md §1). Deployed runs keep their heartbeats.
-        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
-    with temporary_settings(updates=updates):
-        state = train_experiment(experiment_parameters(params, settings), return_state=True)
+    state = train_experiment(experiment_parameters(params, settings), return_state=True)
     if not state.is_completed():
         raise FlowRunFailedError(f"run {settings.run_id}: flow run ended {state.name}: {state.message}")
     return state.result()

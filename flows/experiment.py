@@ -24,12 +24,13 @@ from prefect import flow, get_run_logger, task
 
 from flows.leases import driving
 from flows.observability import reporting
-from flows.parameters import ExperimentParameters
+from flows.parameters import ExperimentParameters, RunSpec
 from flows.pure_text import run_pure_text
 from flows.rl_blocks import run_tensordict
 from flows.run_history import experiment_name, mark_completed
-from flows.trainer_access import build_flow_trainer, open_trainer
+from flows.trainer_access import build_flow_trainer, open_trainer, remember_trainer
 from nip_core.trainers.interfaces import IterationTrainer, StagedTrainer
+from tasks.trainers import release_trainer, task_trainer
 
 # ``build_flow_trainer`` is re-exported for the flows that resume a run from its stored
 # parameters (:mod:`flows.watcher`); the rest of :mod:`flows.trainer_access` is imported
@@ -50,10 +51,11 @@ def trainer_kind(trainer: Any) -> str:
 
 
 @task(name="train", task_run_name="train[{run_id}]")
-def train_whole(trainer: Any, run_id: str) -> dict[str, Any]:
-    """A trainer without stages or blocks: ``train()`` in one task."""
-    trainer.train()
-    return {"run_id": run_id, "iteration": int(trainer.state.iteration)}
+def train_whole(spec: RunSpec, run_id: str) -> dict[str, Any]:
+    """A trainer without stages or blocks: ``train()`` of ``spec``'s run in one task."""
+    with task_trainer(spec) as trainer:
+        trainer.train()
+        return {"run_id": run_id, "iteration": int(trainer.state.iteration)}
 
 
 def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any]:
@@ -65,7 +67,9 @@ def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any
         return run_pure_text(trainer, parameters.wait_mode)
     if kind == "tensordict":
         return run_tensordict(trainer, parameters.block_size)
-    return train_whole(trainer, trainer.run.run_id)
+    spec = RunSpec.for_trainer(trainer)
+    remember_trainer(spec, trainer)  # the task uses this trainer instead of building another
+    return train_whole(spec, trainer.run.run_id)
 
 
 @flow(name="train_experiment", persist_result=True)
@@ -83,6 +87,7 @@ def train_experiment(parameters: ExperimentParameters = ExperimentParameters()) 
             result = run_trainer(trainer, parameters)
             mark_completed(trainer.run, experiment_name(parameters))
     finally:
+        release_trainer(trainer)  # no task of this process uses it after this flow run
         trainer.close()
     return {**result, "params_hash": trainer.run.params_hash, "trainer": trainer.hyper_params.trainer,
             "scenario": trainer.hyper_params.scenario}

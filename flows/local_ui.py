@@ -4,7 +4,7 @@
 ``<runs_dir>/.prefect`` (:func:`flows.entry.local_prefect_home`). :func:`serve_ui` starts
 ``prefect server start`` on that home in the foreground, with ``PREFECT_SERVER_UI_API_URL``
 and ``PREFECT_API_URL`` set to its own address: without them the served UI calls port
-4200 whatever port the server listens on (prefect_notes.md §8). Services (scheduler,
+4200 whatever port the server listens on (docs/architecture.md#prefect-ui-port). Services (scheduler,
 late runs ...) are off: the server shows the history and does not change it. Ctrl-C or
 SIGTERM stops it.
 """

@@ -5,7 +5,7 @@ refused here, so that Prefect, which stores parameters in plain text and copies 
 child runs, never holds one: the validators reject them before a run starts, and the
 JSON schema (``propertyNames``) makes a server that enforces deployment parameter schemas
 reject them before it stores the run. Flows take the key from the worker instead
-(:mod:`flows.secrets`).
+(:mod:`flows.secret_blocks`).
 
 The form of ``train_experiment`` is typed throughout: scenario, trainer, protocol and
 dataset are enums built from the registries when this module is imported (so the UI
@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from flows.secrets import SECRET_SETTINGS_FIELDS, secret_parameter_error, with_secrets
+from flows.secret_blocks import SECRET_SETTINGS_FIELDS, secret_parameter_error, with_secrets
 from nip_core.errors import NipflowError
 from nip_core.experiment import DEFAULT_DATASETS, new_run_id
 from nip_core.parameters import HyperParameters, ParameterError, ScenarioType, apply_overrides
@@ -363,6 +363,16 @@ class RunSpec(BaseModel):
         # added later without ``exclude=True`` out of child runs' parameters too.
         return cls(params=hyper_params.to_dict(),
                    settings=settings.model_dump(mode="json", exclude=set(SECRET_SETTINGS_FIELDS)))
+
+    @classmethod
+    def for_trainer(cls, trainer: Any, settings: ExperimentSettings | None = None) -> "RunSpec":
+        """The spec of ``trainer``'s run, with the lease claim this process holds on it.
+
+        ``settings`` replaces the trainer's (the RL blocks pass the device as asked, not
+        as this host resolved it).
+        """
+        spec = cls.of(trainer.hyper_params, settings or trainer.settings)
+        return spec.model_copy(update={"lease": trainer.run.lock.claim()})
 
     def require_complete(self, flow_name: str) -> "RunSpec":
         """``self``, or ``MissingParameterError`` naming ``spec.params``/``spec.settings.run_id``."""

@@ -1,7 +1,7 @@
 """A throwaway PostgreSQL cluster for the Prefect server (no installation or admin needed).
 
 Prefect's server on SQLite answers ``500 database is locked`` / ``503`` as soon as a few
-workers poll it (``shared/reference/prefect_notes.md`` §1, §11.5); PostgreSQL does not.
+workers poll it (docs/architecture.md#prefect-sqlite); PostgreSQL does not.
 :class:`PostgresCluster` runs the server binaries of an installed PostgreSQL
 (``initdb``, ``pg_ctl``, ``createdb``) on a directory of your choice:
 

@@ -8,7 +8,7 @@ start``) in its own session with the settings a multi-worker server needs:
   server's environment so that the two cannot disagree);
 * ``PREFECT_HOME`` (profiles, the server's local files), ``PREFECT_SERVER_ANALYTICS_ENABLED=false``;
 * ``PREFECT_SERVER_UI_API_URL`` and ``PREFECT_API_URL`` = the server's own API URL: without
-  them the UI calls port 4200 whatever port the server is on (prefect_notes.md §8).
+  them the UI calls port 4200 whatever port the server is on (docs/architecture.md#prefect-ui-port).
 
 It returns once ``GET /api/health`` answers (database migrations run before that), and
 retries with another port when an automatically chosen one was taken in between.

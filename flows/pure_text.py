@@ -10,7 +10,8 @@ the start of the run::
 
 Each stage is one task (:mod:`tasks.stages`) keyed by ``(run_id, params_hash,
 iteration, stage)``; in a new flow run for the same run id, completed stages come back
-``Cached`` from the run store and only the remaining ones execute.
+``Cached`` from the run store and only the remaining ones execute. The tasks receive the
+run's ``RunSpec`` and the iteration, not the flow's trainer (:mod:`tasks.trainers`).
 
 Waiting for fine-tune jobs
 --------------------------
@@ -33,9 +34,10 @@ from typing import Any
 from prefect import flow_runs, get_run_logger
 from prefect.runtime import deployment
 
-from flows.parameters import WaitMode
+from flows.parameters import RunSpec, WaitMode
 from nip_core.agents.pure_text import TERMINAL_STATUSES
 from tasks.stages import initial_position, refresh_state, run_stage_task
+from tasks.trainers import keep_trainer
 
 SUSPENSIONS_FILE = "orchestration/suspensions.json"
 
@@ -68,11 +70,17 @@ def suspend_while_jobs_pending(trainer: Any, iteration: int) -> None:
     flow_runs.suspend_flow_run(key=key, timeout=int(timeout) if timeout else None)
 
 
-def drive_stages(trainer: Any, *, suspend: bool = False) -> list[dict[str, Any]]:
+def drive_stages(trainer: Any, spec: RunSpec | None = None, *, suspend: bool = False) -> list[dict[str, Any]]:
     """Run the stage machine of ``trainer`` to ``done`` inside the current flow run.
 
+    The stage tasks receive ``spec`` (default: :meth:`RunSpec.for_trainer` of ``trainer``),
+    and use ``trainer`` itself only because this function keeps it for them
+    (:func:`tasks.trainers.keep_trainer`, an optimisation).
     Returns the summaries of all stages (cached ones included), in order.
     """
+    if spec is None:
+        spec = RunSpec.for_trainer(trainer)
+    keep_trainer(spec, trainer)
     summaries: list[dict[str, Any]] = []
     iteration, stage = initial_position(trainer)
     while stage != "done":
@@ -80,7 +88,7 @@ def drive_stages(trainer: Any, *, suspend: bool = False) -> list[dict[str, Any]]
             refresh_state(trainer)
             if tuple(trainer.next_stage()) == (iteration, stage):  # not done yet
                 suspend_while_jobs_pending(trainer, iteration)
-        summary = run_stage_task(trainer, stage, iteration)
+        summary = run_stage_task(spec, stage, iteration)
         summaries.append(summary)
         iteration, stage = summary["next_iteration"], summary["next_stage"]
     refresh_state(trainer)

@@ -103,7 +103,7 @@ def rl_iteration_block(spec: SpecParameter = None, block: BlockParameter = None)
         forget_trainer(spec)
     trainer = trainer_from_spec(spec)
     with driving(trainer, spec.lease), _block_artifacts(trainer, block):
-        return run_block_task(trainer, block)
+        return run_block_task(spec, block)
 
 
 def _block_artifacts(trainer: Any, block: Block):
@@ -165,12 +165,12 @@ def run_tensordict(trainer: Any, block_size: int) -> dict[str, Any]:
     # on the host it runs on (TensorDict trainers keep the request in requested_device).
     settings = trainer.settings.model_copy(
         update={"device": getattr(trainer, "requested_device", trainer.settings.device)})
-    spec = RunSpec.of(trainer.hyper_params, settings).model_copy(update={"lease": trainer.run.lock.claim()})
-    remember_trainer(trainer)  # local subflows reuse this trainer instead of building another
+    spec = RunSpec.for_trainer(trainer, settings)
+    remember_trainer(spec, trainer)  # local subflows and tasks reuse it instead of building another
     blocks = drive_blocks(trainer, spec, block_size)
     trainer.reload_state()  # the blocks may have trained in other processes (deployed)
     if callable(getattr(trainer, "run_test_loop", None)) or (
             callable(getattr(trainer, "test", None)) and trainer.hyper_params.rl.num_test_iterations > 0):
-        run_test_loop_task(trainer, trainer.hyper_params.rl.num_iterations)
+        run_test_loop_task(spec, trainer.hyper_params.rl.num_iterations)
     return {"run_id": trainer.run.run_id, "blocks": len(blocks),
             "iteration": blocks[-1]["iteration"] if blocks else 0, "location": trainer.run.location}

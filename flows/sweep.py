@@ -1,12 +1,16 @@
 """``sweep``: a grid over parameters, one child flow run per point, and a summary table.
 
+The points are the product of the named ``variants`` (each a set of overrides applied
+together, e.g. ``{"zk_nip": {"interaction_protocol": "nip",
+"protocol_common.zero_knowledge": true}}``) and the ``grid`` (dotted path -> values).
+
 Deployed, the points are started through ``run_deployment`` without waiting, so any
 worker serving the pool picks them up (two workers run two points at once); the sweep
 then polls until all are final. Locally, the points run one after another as subflows.
 
 Children get the base parameters plus overrides only: secrets can reach neither (the grid
 is refused if a key names a secret settings field, and every child's parameters are
-validated again); each child reads the API key on its worker (:mod:`flows.secrets`).
+validated again); each child reads the API key on its worker (:mod:`flows.secret_blocks`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pydantic import AfterValidator, Field
 from flows.experiment import train_experiment
 from flows.observability import artifact_key
 from flows.parameters import ExperimentParameters, refuse_secret_overrides
-from flows.secrets import SECRET_SETTINGS_FIELDS
+from flows.secret_blocks import SECRET_SETTINGS_FIELDS
 from nip_core.runs import RunStore
 from nip_core.settings import default_runs_dir
 
@@ -42,10 +46,23 @@ def _no_secret_grid_keys(grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
     return grid
 
 
+def _no_secret_variant_keys(variants: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]] | None:
+    for name, overrides in (variants or {}).items():
+        refuse_secret_overrides(list(overrides), f"variants.{name}")
+    return variants
+
+
 SweepGrid = Annotated[
     dict[str, list[Any]],
     AfterValidator(_no_secret_grid_keys),
     Field(json_schema_extra={"propertyNames": {"not": {"pattern": _SECRET_PATH_PATTERN}}}),
+]
+
+SweepVariants = Annotated[
+    Optional[dict[str, dict[str, Any]]],
+    AfterValidator(_no_secret_variant_keys),
+    Field(description="Named sets of overrides applied together; the points are every variant "
+                      "combined with every grid point (no variants: the grid alone)."),
 ]
 
 
@@ -57,6 +74,21 @@ def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """
     keys = sorted(grid)
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def sweep_points(grid: dict[str, list[Any]],
+                 variants: dict[str, dict[str, Any]] | None = None) -> list[tuple[str | None, dict[str, Any]]]:
+    """``(variant name, overrides)`` of every point: each variant (in the given order) with each grid point.
+
+    >>> sweep_points({"seed": [1, 2]}, {"a": {"x": 0}, "b": {"x": 1}})
+    [('a', {'x': 0, 'seed': 1}), ('a', {'x': 0, 'seed': 2}), ('b', {'x': 1, 'seed': 1}), ('b', {'x': 1, 'seed': 2})]
+    """
+    if not variants:
+        return [(None, point) for point in grid_points(grid)]
+    clash = sorted({k for overrides in variants.values() for k in overrides} & set(grid))
+    if clash:
+        raise ValueError(f"sweep: {clash[0]!r} is set both by a variant and by the grid")
+    return [(name, {**overrides, **point}) for name, overrides in variants.items() for point in grid_points(grid)]
 
 
 def point_parameters(base: ExperimentParameters, sweep_id: str, index: int,
@@ -80,10 +112,11 @@ def _final_metrics(runs_dir: str, run_id: str) -> dict[str, Any]:
 @flow(name="sweep", persist_result=True)
 def sweep(base: ExperimentParameters, grid: SweepGrid, sweep_id: str,
           dispatch: Literal["auto", "subflow", "deployment"] = "auto",
-          deployment_name: Optional[str] = None) -> list[dict[str, Any]]:
-    """Train every point of ``grid`` on top of ``base``; return one summary row per point."""
+          deployment_name: Optional[str] = None, variants: SweepVariants = None) -> list[dict[str, Any]]:
+    """Train every point (``variants`` x ``grid``) on top of ``base``; return one summary row per point."""
     log = get_run_logger()
-    points = grid_points(grid)
+    named_points = sweep_points(grid, variants)
+    points = [point for _, point in named_points]
     deployed = dispatch == "deployment" or (dispatch == "auto" and deployment.id is not None)
     children = [point_parameters(base, sweep_id, i, p) for i, p in enumerate(points)]
     states: dict[str, str] = {}
@@ -102,8 +135,9 @@ def sweep(base: ExperimentParameters, grid: SweepGrid, sweep_id: str,
         for c in children:
             states[c.run_id] = train_experiment(c, return_state=True).name
     runs_dir = base.runs_dir or default_runs_dir()
-    rows = [{"run_id": c.run_id, **p, "state": states[c.run_id], **_final_metrics(runs_dir, c.run_id)}
-            for c, p in zip(children, points)]
+    rows = [{"run_id": c.run_id, **({"variant": name} if name is not None else {}), **p,
+             "state": states[c.run_id], **_final_metrics(runs_dir, c.run_id)}
+            for c, (name, p) in zip(children, named_points)]
     create_table_artifact(table=rows, key=artifact_key(sweep_id, "sweep"), description=f"sweep {sweep_id}")
     log.info("sweep %s: %d points, %d completed", sweep_id, len(rows),
              sum(r["state"] == "Completed" for r in rows))

@@ -3,8 +3,11 @@
 Every flow that trains gets its trainer here: :func:`open_trainer` for the entry flow
 (from its ``ExperimentParameters``, warm start included), :func:`trainer_from_spec` for an
 RL block (from the parent's ``RunSpec``; a local subflow reuses the trainer its parent
-remembered with :func:`remember_trainer`). Device errors name the parameter, the host and
-the work pool (:func:`check_device_here`). This module imports no flow module other than
+kept with :func:`remember_trainer`). Tasks never receive a trainer: they receive the
+``RunSpec`` (:meth:`RunSpec.for_trainer`) and open the run's trainer themselves
+(:mod:`tasks.trainers`, whose per-process cache :func:`remember_trainer` fills as an
+optimisation only). Device errors name the parameter, the host and the work pool
+(:func:`check_device_here`). This module imports no flow module other than
 the leaf modules it needs (parameters, observability, run history), so that every flow
 can import it at the top.
 """
@@ -23,9 +26,10 @@ from flows.run_history import apply_warm_start
 from nip_core.parameters import HyperParameters
 from nip_core.settings import DeviceUnavailableError, ExperimentSettings, resolve_device
 from nip_core.trainers import build_trainer
+from tasks.trainers import forget_trainer, keep_trainer, kept_trainer
 
-# Trainers built in this process, by (run_id, params_hash): local subflows reuse them.
-_LIVE_TRAINERS: dict[tuple[str, str], Any] = {}
+__all__ = ["build_flow_trainer", "check_device_here", "current_flow_run_id", "current_work_pool", "forget_trainer",
+           "open_trainer", "remember_trainer", "trainer_from_spec", "where_this_runs"]
 
 
 def current_flow_run_id() -> str | None:
@@ -87,24 +91,19 @@ def build_flow_trainer(hyper_params: HyperParameters, settings: ExperimentSettin
         raise e.naming("parameters.device", where_this_runs()) from None
 
 
-def remember_trainer(trainer: Any) -> None:
-    """Keep ``trainer`` for this process's local subflows of its run (:func:`trainer_from_spec`)."""
-    _LIVE_TRAINERS[(trainer.run.run_id, trainer.run.params_hash)] = trainer
-
-
-def forget_trainer(spec: RunSpec) -> None:
-    """Drop this process's live trainer of ``spec``'s run (the next use builds a fresh one)."""
-    _LIVE_TRAINERS.pop((spec.settings.get("run_id"), spec.hyper_params().params_hash()), None)
+def remember_trainer(spec: RunSpec, trainer: Any) -> None:
+    """Let this process's subflows and tasks of ``spec``'s run use ``trainer`` (an optimisation)."""
+    keep_trainer(spec, trainer)
 
 
 def trainer_from_spec(spec: RunSpec):
-    """The live trainer of this process for ``spec``'s run, or a newly built one."""
-    hyper_params, settings = spec.hyper_params(), spec.experiment_settings()
-    live = _LIVE_TRAINERS.get((settings.run_id, hyper_params.params_hash()))
+    """The trainer this process keeps for ``spec``'s run, or a newly built (and kept) one."""
+    hyper_params, settings = spec.hyper_params(), spec.experiment_settings()  # the secrets of this worker
+    live = kept_trainer(spec)
     if live is not None:
         return live
     trainer = build_flow_trainer(hyper_params, settings)
-    remember_trainer(trainer)
+    remember_trainer(spec, trainer)
     return trainer
 
 

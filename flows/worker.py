@@ -3,7 +3,7 @@
 Prefect 3.8.8's worker does not exit on one SIGTERM or SIGINT: it turns the first one
 into a graceful shutdown that, idle or not, can wait for minutes, and forever once its
 server is gone (it keeps retrying the API); only a second SIGINT makes it kill itself
-(prefect_notes.md §6). Supervisors (systemd, Kubernetes, SLURM, docker stop) send one
+(docs/architecture.md#prefect-worker-signals). Supervisors (systemd, Kubernetes, SLURM, docker stop) send one
 SIGTERM and then wait.
 
 :func:`run_worker` starts ``python -m prefect worker start ARGS`` in its own session and

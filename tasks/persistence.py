@@ -4,7 +4,9 @@ Every task of a run persists its result inside the run store (``<run>/results``)
 keyed by ``(run_id, params_hash, <position>)`` rather than by the flow run, so that a
 *new* flow run for the same run_id finds the results of the previous one and does not
 execute completed work again. Keys are computed from the run, never from the raw inputs
-(``INPUTS`` alone would collide across tasks, and a trainer object cannot be hashed).
+(``INPUTS`` alone would collide across tasks). A task receives the run's spec
+(:mod:`tasks.trainers`), from which the run id, the params hash and the run's storage
+follow without opening the run.
 Transactions are SERIALIZABLE with expiring lease locks in the run's storage
 (:mod:`tasks.locks`), so two processes that race on the same key execute it once — on one
 host or several; the second one waits and reads the first's result.
@@ -21,7 +23,10 @@ from typing import Any, Callable, Optional
 from prefect.cache_policies import CachePolicy
 from prefect.transactions import IsolationLevel
 
+from nip_core.runs import RunStore, Storage
+from nip_core.settings import ExperimentSettings
 from tasks.locks import LeaseLockManager
+from tasks.trainers import RunSpecLike, spec_key
 
 RESULTS_DIR = "results"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-]")
@@ -43,24 +48,30 @@ def run_cache_key(run_id: str, params_hash: str, *parts: Any) -> str:
     return "--".join(_UNSAFE.sub("_", str(p)) for p in (run_id, params_hash, *parts))
 
 
-def _run_of(trainer: Any):
-    run = getattr(trainer, "run", None)
-    if run is None:
-        raise ResultStorageError(
-            f"{type(trainer).__name__} has no run: Prefect tasks need a run in the run store "
-            "(set settings.run_id and do not use test_run)")
-    return run
+def run_storage_of(spec: RunSpecLike) -> Storage:
+    """The storage of ``spec``'s run (``settings.runs_dir``/``run_id``), without opening it.
+
+    Raises
+    ------
+    ResultStorageError
+        If the spec names no run (``settings.run_id``) or asks for ``test_run``.
+    """
+    if not spec.settings.get("run_id") or spec.settings.get("test_run"):
+        raise ResultStorageError("spec.settings: Prefect tasks need a run in the run store "
+                                 "(set settings.run_id and do not use test_run)")
+    runs_dir = spec.settings.get("runs_dir") or ExperimentSettings.model_fields["runs_dir"].default
+    return RunStore(str(runs_dir)).run_storage(str(spec.settings["run_id"]))
 
 
-def result_storage_for(run: Any):
-    """Result storage inside the run directory.
+def result_storage_for(storage: Storage):
+    """Result storage inside the run directory (``storage``: the run's).
 
     A local run store gives a ``pathlib.Path`` (Prefect reads it as a local file system
     without any server-side block). An fsspec URL gives a saved ``RemoteFileSystem``
     block named after the URL, so that workers on other machines read the same results.
     """
-    location = run.storage.url(RESULTS_DIR)
-    if run.storage.local:
+    location = storage.url(RESULTS_DIR)
+    if storage.local:
         return Path(location)
     from prefect.filesystems import RemoteFileSystem
 
@@ -78,27 +89,32 @@ def result_storage_for(run: Any):
 
 @dataclass
 class RunKeyPolicy(CachePolicy):
-    """Cache key ``(run_id, params_hash, *key_fn(inputs))`` of a task taking ``trainer``.
+    """Cache key ``(run_id, params_hash, *key_fn(inputs))`` of one run's task.
 
-    ``key_fn`` maps the task's inputs to the position parts (for example
-    ``("it3", "log_stats")``); the run and params hash come from ``inputs["trainer"]``.
+    ``run_id`` and ``params_hash`` are the run's (:func:`tasks.trainers.spec_key` of the
+    spec the task receives); ``key_fn`` maps the task's inputs to the position parts (for
+    example ``("it3", "log_stats")``).
     """
 
+    run_id: str = ""
+    params_hash: str = ""
     key_fn: Optional[Callable[[dict[str, Any]], tuple]] = None
 
     def compute_key(self, task_ctx, inputs: dict[str, Any], flow_parameters: dict[str, Any],
                     **kwargs: Any) -> Optional[str]:
-        run = _run_of(inputs["trainer"])
+        if not self.run_id or not self.params_hash:
+            raise ResultStorageError("RunKeyPolicy needs the run_id and params_hash of a run (task_options_for)")
         parts = self.key_fn(inputs) if self.key_fn else ()
-        return run_cache_key(run.run_id, run.params_hash, *parts)
+        return run_cache_key(self.run_id, self.params_hash, *parts)
 
 
-def task_options_for(trainer: Any, key_fn: Callable[[dict[str, Any]], tuple]) -> dict[str, Any]:
-    """``Task.with_options`` arguments that make a task resumable and race-safe for a run."""
-    run = _run_of(trainer)
-    policy = RunKeyPolicy(key_fn=key_fn).configure(
+def task_options_for(spec: RunSpecLike, key_fn: Callable[[dict[str, Any]], tuple]) -> dict[str, Any]:
+    """``Task.with_options`` arguments that make a task of ``spec``'s run resumable and race-safe."""
+    storage = run_storage_of(spec)
+    run_id, params_hash = spec_key(spec)
+    policy = RunKeyPolicy(run_id=run_id, params_hash=params_hash, key_fn=key_fn).configure(
         isolation_level=IsolationLevel.SERIALIZABLE,
-        lock_manager=LeaseLockManager(run.storage),
+        lock_manager=LeaseLockManager(storage),
     )
-    return dict(cache_policy=policy, persist_result=True, result_storage=result_storage_for(run),
+    return dict(cache_policy=policy, persist_result=True, result_storage=result_storage_for(storage),
                 result_serializer="json")

@@ -1,5 +1,8 @@
 """One Prefect task per pure-text stage, each a thin call to ``trainer.run_stage(stage)``.
 
+A stage task receives the run's spec and the iteration (serialisable; see
+:mod:`tasks.trainers` for how it gets its trainer), never a live trainer.
+
 A stage's result (the small JSON summary ``run_stage`` returns) is persisted in the run
 store under the key ``(run_id, params_hash, iteration, stage)``; see
 :mod:`tasks.persistence`. Task runs are named ``sample_rollouts[it=3]``.
@@ -19,6 +22,7 @@ from prefect import Task, task
 from nip_core.trainers.interfaces import RecoverableStagedTrainer, StagedTrainer
 from nip_core.trainers.stage_machine import STAGE_ORDER, Stage, stage_position
 from tasks.persistence import task_options_for
+from tasks.trainers import RunSpecLike, task_trainer
 
 #: The stages that have a task (every stage but ``done``), in diagram order.
 STAGES: tuple[Stage, ...] = tuple(s for s in STAGE_ORDER if s is not Stage.DONE)
@@ -26,7 +30,7 @@ STAGES: tuple[Stage, ...] = tuple(s for s in STAGE_ORDER if s is not Stage.DONE)
 
 def refresh_state(trainer: StagedTrainer) -> None:
     """Reload the trainer's state from the run store (no-op without a stored state)."""
-    if trainer.run is not None and trainer.run.has_state():
+    if trainer.run.has_state():
         trainer.state = trainer.run.load_state(trainer.State)
 
 
@@ -57,8 +61,9 @@ def execute_stage(trainer: StagedTrainer, stage: str, iteration: int) -> dict[st
 def _make_stage_task(stage: Stage) -> Task:
     stage = stage.value
 
-    def run(trainer: Any, iteration: int) -> dict[str, Any]:
-        return execute_stage(trainer, stage, iteration)
+    def run(spec: RunSpecLike, iteration: int) -> dict[str, Any]:
+        with task_trainer(spec) as trainer:
+            return execute_stage(trainer, stage, iteration)
 
     run.__name__ = stage
     run.__qualname__ = stage
@@ -80,12 +85,12 @@ def _stage_key(stage: str):
     return lambda inputs: (f"it{inputs['iteration']}", stage)
 
 
-def run_stage_task(trainer: StagedTrainer, stage: str, iteration: int, *, return_state: bool = False):
-    """Call the task of ``stage`` for ``trainer`` with its run-keyed cache and storage.
+def run_stage_task(spec: RunSpecLike, stage: str, iteration: int, *, return_state: bool = False):
+    """Call the task of ``stage`` for ``spec``'s run with its run-keyed cache and storage.
 
     Must be called inside a flow run. With ``return_state=True`` the Prefect state is
     returned (``state.name == "Cached"`` when the stage was not executed).
     """
     stage = Stage(stage).value
-    bound = STAGE_TASKS[Stage(stage)].with_options(**task_options_for(trainer, _stage_key(stage)))
-    return bound(trainer, iteration, return_state=return_state)
+    bound = STAGE_TASKS[Stage(stage)].with_options(**task_options_for(spec, _stage_key(stage)))
+    return bound(spec, iteration, return_state=return_state)

@@ -128,8 +128,8 @@ def test_import_linter_is_the_pinned_version():
 
 def test_no_flow_or_task_module_is_named_like_a_library():
     """A file entrypoint puts its folder first on ``sys.path``: a module there named like a
-    library would shadow it (``flows/tensordict.py`` did). ``flows/secrets.py`` still shadows
-    the standard library's ``secrets``: not renamed yet, so deployments use module paths."""
+    library would shadow it (``flows/tensordict.py`` did, and ``flows/secrets.py``, now
+    ``flows/secret_blocks.py``, shadowed the standard library's ``secrets``)."""
     libraries = set(sys.stdlib_module_names) | set(importlib.metadata.packages_distributions())
     names = {p.stem for package in ("flows", "tasks") for p in (ROOT / package).glob("*.py")}
-    assert names & libraries == {"secrets"}
+    assert names & libraries == set()

@@ -6,10 +6,6 @@ the rest of the reader's code (it is valid Python and is kept), and some names c
 surrounding code the guide assumes (``TensorDictTrainer``, ``IterationContext``, the
 ``loss_module`` being built). Those names are supplied in the namespace the snippet runs in,
 each one documented at the place it is supplied; the snippet's own lines are not changed.
-
-Snippets that need extension points another engineer is adding now (H2: ``_build_train_context``
-and ``_build_test_context`` on ``TensorDictTrainer``, which the guide's ``MyTrainer``
-subclasses) are marked ``xfail(strict=True)`` until that work is merged.
 """
 
 from __future__ import annotations
@@ -169,7 +165,6 @@ def test_progress_bar_snippet_counts_and_describes_both_loops(tmp_path):
 # --- snippet 3: the loops inside ExitStack contexts -------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="needs H2: _build_train_context/_build_test_context on TensorDictTrainer")
 def test_exit_stack_snippet_runs_both_loops_in_their_contexts(tmp_path):
     # The guide's MyTrainer is one class across the two TensorDictTrainer snippets: here the
     # ExitStack snippet's ``TensorDictTrainer`` is the progress-bar snippet's MyTrainer, so

@@ -280,18 +280,6 @@ class Agent:
                     seen.add(id(parameter))
                     yield parameter
 
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        """A whole agent's reply: ``self.whole.generate(*args, **kwargs)``.
-
-        Raises
-        ------
-        TypeError
-            If the agent has no whole part (a TensorDict agent acts through its combined parts).
-        """
-        if self.whole is None:
-            raise TypeError(f"agent '{self.name}' has no whole part to generate with")
-        return self.whole.generate(*args, **kwargs)
-
     def train(self, mode: bool = True) -> "Agent":
         """Put every module part in training mode (``mode=False``: evaluation mode)."""
         for module in self.modules().values():

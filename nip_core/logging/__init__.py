@@ -11,8 +11,8 @@ from nip_core.logging.stat_logger import (
 
 
 def build_stat_logger(hyper_params, settings, run) -> StatLogger:
-    """The default logger: the run's ``metrics.jsonl`` plus W&B when enabled."""
-    if run is None or settings.test_run:
+    """The default logger: the run's ``metrics.jsonl`` plus W&B when enabled (none for a ``NullRun``)."""
+    if run is None or not run.persistent or settings.test_run:
         return DummyStatLogger()
     loggers: list[StatLogger] = [RunStoreStatLogger(run)]
     if settings.use_wandb and settings.wandb_mode != "disabled":

@@ -71,7 +71,13 @@ def validate_run_id(run_id: str) -> str:
 
 
 class Run:
-    """An opened run directory. Obtain one with :meth:`RunStore.open_run`."""
+    """An opened run directory. Obtain one with :meth:`RunStore.open_run`.
+
+    Its stand-in for a trainer that persists nothing is :class:`nip_core.runs.null.NullRun`.
+    """
+
+    #: Whether what is written to this run is kept (``NullRun``: false).
+    persistent = True
 
     def __init__(self, storage: Storage, run_id: str, params: HyperParameters):
         self.storage = storage

@@ -47,6 +47,13 @@ class ScenarioInstance:
     shared_model_groups: dict[str, Any] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
+    def whole_agents(self) -> dict[str, Any]:
+        """``{name: agent.whole}`` of every agent (the text agents that generate replies)."""
+        missing = [name for name, agent in self.agents.items() if agent.whole is None]
+        if missing:
+            raise TypeError(f"agent '{missing[0]}' has no whole part (a TensorDict agent acts through its parts)")
+        return {name: agent.whole for name, agent in self.agents.items()}
+
 
 def register_scenario(name: str):
     def decorator(fn):

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nip_core.errors import CheckpointNotFoundError
 from nip_core.parameters import HyperParameters
-from nip_core.runs import Run
+from nip_core.runs import NullRun, Run
 from nip_core.settings import ExperimentSettings
 from nip_core.trainers.hooks import TrainerHooks
 from nip_core.trainers.progress import IterationContext, progress_enabled, total_iterations
@@ -53,7 +53,8 @@ class Trainer(ABC):
         Run-time options (device, run store, logging...).
     run
         The opened run in the run store; ``None`` for a throw-away run (tests, benchmarks),
-        in which case nothing is persisted.
+        in which case nothing is persisted. Without a run, or with ``settings.test_run``,
+        ``self.run`` is a :class:`~nip_core.runs.NullRun` (writes dropped, nothing stored).
     hooks
         Observer callbacks (progress, iteration end, stage end).
     stat_logger
@@ -74,13 +75,15 @@ class Trainer(ABC):
                  run: Run | None = None, hooks: TrainerHooks | None = None, stat_logger=None):
         self.hyper_params = hyper_params
         self.settings = settings or ExperimentSettings()
-        self.run = run
+        persist = run is not None and not self.settings.test_run
+        self.run: Run | NullRun = run if persist else NullRun(getattr(run, "run_id", None) or self.settings.run_id,
+                                                              hyper_params)
         self.hooks = hooks or TrainerHooks()
         self.logger = logging.getLogger(f"nipflow.{self.trainer_name or type(self).__name__}")
         if stat_logger is None:
             from nip_core.logging import build_stat_logger
 
-            stat_logger = build_stat_logger(hyper_params, self.settings, run)
+            stat_logger = build_stat_logger(hyper_params, self.settings, self.run)
         self.stat_logger = stat_logger
         self.state = self._load_or_initialise_state()
 
@@ -90,8 +93,6 @@ class Trainer(ABC):
         return self.State()
 
     def _load_or_initialise_state(self) -> TrainerState:
-        if self.run is None or self.settings.test_run:
-            return self._initialise_state()
         try:
             return self.run.load_state(self.State)
         except CheckpointNotFoundError:
@@ -107,8 +108,7 @@ class Trainer(ABC):
 
     def save_state(self) -> None:
         """Write the state atomically to the run store (no-op without a run)."""
-        if self.run is not None and not self.settings.test_run:
-            self.run.save_state(self.state)
+        self.run.save_state(self.state)
 
     # -- progress ----------------------------------------------------------------------------
 
@@ -129,7 +129,7 @@ class Trainer(ABC):
         ``full_rollouts_{id}``, ``raw_transcript_{id}``. Files of a remote run store are
         staged through a temporary directory. No-op without a run.
         """
-        if self.run is None or self.settings.test_run:
+        if not self.run.persistent:
             return
         storage = self.run.storage
         if storage.local:

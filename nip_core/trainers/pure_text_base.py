@@ -30,15 +30,14 @@ from nip_core.environments.nested_array_dict import NestedArrayDict
 from nip_core.scenarios.registry import build_scenario_instance
 from nip_core.trainers.base import Trainer, TrainerState
 from nip_core.trainers.fine_tune_waiter import FineTuneJobsPending, FineTuneWaiter, FineTuneWaitTimeout
-from nip_core.trainers.kill_points import KILL_AT_ENV, maybe_kill
+from nip_core.trainers.hooks import reach_point
 from nip_core.trainers.pure_text_records import RolloutRecords
 from nip_core.trainers.pure_text_rerun import BaseRunReplay
 from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, sample_rollouts, stable_seed
 from nip_core.trainers.pure_text_stats import rollout_stats
 from nip_core.trainers.stage_machine import Position, Stage, StageOrderError, next_stage
 
-__all__ = ["FineTuneJobsPending", "FineTuneWaitTimeout", "KILL_AT_ENV", "PureTextRlTrainer", "PureTextState",
-           "maybe_kill"]
+__all__ = ["FineTuneJobsPending", "FineTuneWaitTimeout", "PureTextRlTrainer", "PureTextState"]
 
 
 class PureTextState(TrainerState):
@@ -82,8 +81,7 @@ class PureTextRlTrainer(Trainer):
         self.agent_names = list(self.protocol_handler.agent_names)
         self.verifier_index = self.agent_names.index("verifier")
         self._push_group_states()
-        self.records = RolloutRecords(run, not self.settings.test_run, hyper_params.text_rl, self.agent_names,
-                                      self.log_run_artifact)
+        self.records = RolloutRecords(self.run, hyper_params.text_rl, self.agent_names, self.log_run_artifact)
         self.waiter = FineTuneWaiter(self.groups, self.settings, self.save_state, lambda: dict(
             run=self.run, run_id=self.run_id, iteration=self.state.iteration))
         base = hyper_params.base_run
@@ -107,7 +105,7 @@ class PureTextRlTrainer(Trainer):
 
     @property
     def run_id(self) -> str:
-        return self.run.run_id if self.run is not None else (self.settings.run_id or "NO_RUN_ID")
+        return self.run.run_id  # a NullRun's: settings.run_id, or "NO_RUN_ID"
 
     @property
     def num_iterations(self) -> int:
@@ -147,7 +145,7 @@ class PureTextRlTrainer(Trainer):
             self._push_group_states()
             self.check_models_fine_tunable()
         self._push_group_states()
-        maybe_kill(iteration, current.value, "start")
+        self.reach_point(iteration, current.value, "start")
         summary: dict[str, Any] = {"iteration": iteration, "stage": current.value}
         summary.update(STAGES[current](self))
         nxt = next_stage(self.state, self.hyper_params)
@@ -156,9 +154,13 @@ class PureTextRlTrainer(Trainer):
         self.state.iteration, self.state.train_loop_stage = nxt
         self.save_state()
         self.log_run_artifact("state", "state", ["state.json", "hyper_params.json"])
-        maybe_kill(iteration, current.value, "end")
+        self.reach_point(iteration, current.value, "end")
         self.hooks.on_stage_end(current.value, iteration)
         return summary
+
+    def reach_point(self, iteration: int, stage: str, point: str) -> None:
+        """Report a stage point to the hooks (:mod:`nip_core.trainers.hooks`: points)."""
+        reach_point(self.hooks, iteration, stage, point)
 
     def stored_stage_summary(self, iteration: int, stage: str) -> dict[str, Any] | None:
         """The summary ``run_stage`` returned for a completed stage (None if not stored).
@@ -199,7 +201,7 @@ class PureTextRlTrainer(Trainer):
     def _sample(self, dataset: Any, env: Any, count: int, start: int, tag: str) -> tuple[list[NestedArrayDict], int]:
         indices = datapoint_indices(self.hyper_params.seed, len(dataset), start, count)
         seeds = [stable_seed(self.hyper_params.seed, tag, k, modulus=2**16) for k in range(count)]
-        actor = TextActor(env, self.scenario.agents, self.hyper_params.interaction_protocol, self.hyper_params)
+        actor = TextActor(env, self.scenario.whole_agents(), self.hyper_params.interaction_protocol, self.hyper_params)
         ctx = self.make_iteration_context(count, f"{tag}: sampling rollouts")
         with ctx:
             rollouts = sample_rollouts(env, actor, dataset, indices, seeds, self.settings.max_concurrent_requests,
@@ -276,7 +278,7 @@ class PureTextRlTrainer(Trainer):
         job_id = create(examples, run=self.run, run_id=self.run_id, iteration=i,
                         seed=stable_seed(self.hyper_params.seed, i, group, modulus=2**31))
         self.save_state()
-        maybe_kill(i, Stage.CREATE_FINE_TUNE_JOBS.value, f"after_{group}")
+        self.reach_point(i, Stage.CREATE_FINE_TUNE_JOBS.value, f"after_{group}")
         return job_id
 
     def groups_with_jobs(self) -> dict[str, Any]:

@@ -327,7 +327,7 @@ class PureTextMaltTrainer(PureTextRlTrainer):
         roots = [env.reset(dataset[d], s, datapoint_id=d) for d, s in zip(indices, seeds)]
         with self.make_iteration_context(env.max_rounds, f"{tag}: sampling response trees") as ctx:
             rollouts, tokens = sample_response_trees(
-                env, self.scenario.agents, hp.interaction_protocol, hp, roots,
+                env, self.scenario.whole_agents(), hp.interaction_protocol, hp, roots,
                 hp.pure_text_malt.num_responses_per_timestep, iteration,
                 self.settings.max_concurrent_requests, on_level=ctx.step)
         annotate_trees(rollouts, self.reward_thresholds, hp.seed)

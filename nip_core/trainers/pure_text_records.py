@@ -9,7 +9,8 @@
   with (written once; a rerun-tests run replays them);
 * ``stages/it{i}_{stage}.json``: the summary of each finished stage.
 
-Without a run (or with ``settings.test_run``) nothing is written.
+A trainer without a run store (or with ``settings.test_run``) hands a
+:class:`~nip_core.runs.NullRun`: nothing is written, nothing is found.
 """
 
 from __future__ import annotations
@@ -40,9 +41,7 @@ class RolloutRecords:
     Parameters
     ----------
     run
-        The run in the run store, or ``None`` (nothing is persisted).
-    persist
-        Whether to write at all (``False`` for ``settings.test_run``).
+        The run in the run store, or a ``NullRun`` (nothing is persisted).
     text_rl
         The ``text_rl`` hyper-parameters (``save_transcripts``, ``transcript_format``).
     agent_names
@@ -51,10 +50,9 @@ class RolloutRecords:
         ``(prefix, artifact_type, rel_paths)``: logs written files as an artifact version.
     """
 
-    def __init__(self, run: Any, persist: bool, text_rl: Any, agent_names: list[str],
+    def __init__(self, run: Any, text_rl: Any, agent_names: list[str],
                  log_artifact: Callable[[str, str, list[str]], None]):
         self.run = run
-        self.persist = persist and run is not None
         self.text_rl = text_rl
         self.agent_names = agent_names
         self.log_artifact = log_artifact
@@ -63,7 +61,7 @@ class RolloutRecords:
     # -- rollouts ----------------------------------------------------------------------------
 
     def has_rollouts(self, name: str) -> bool:
-        return self.run is not None and self.run.exists(rollouts_path(name))
+        return self.run.exists(rollouts_path(name))
 
     def load_rollouts(self, name: str) -> list[NestedArrayDict]:
         """The stored rollouts ``name`` (read from the run store)."""
@@ -81,8 +79,8 @@ class RolloutRecords:
 
     def save_rollouts(self, name: str, rollouts: list[NestedArrayDict]) -> None:
         """Write the rollouts (and their transcripts when asked) and log them as artifacts."""
-        if not self.persist:
-            return
+        if not self.run.persistent:
+            return  # not even serialised
         self.run.write_json(rollouts_path(name), [r.to_dict() for r in rollouts])
         self.log_artifact("full_rollouts", "full_rollouts", [rollouts_path(name)])
         if self.text_rl.save_transcripts:
@@ -99,14 +97,13 @@ class RolloutRecords:
 
     def record_models(self, iteration: int, models: dict[str, str]) -> None:
         """Write ``models/iter_{iteration}.json`` unless it exists (written once)."""
-        if self.run is not None and not self.run.exists(models_path(iteration)):
+        if not self.run.exists(models_path(iteration)):
             self.run.write_json(models_path(iteration), models)
 
     def write_summary(self, iteration: int, stage: str, summary: dict[str, Any]) -> None:
-        if self.persist:
-            self.run.write_json(summary_path(iteration, stage), summary)
+        self.run.write_json(summary_path(iteration, stage), summary)
 
     def stored_summary(self, iteration: int, stage: str) -> dict[str, Any] | None:
-        if self.run is None or not self.run.exists(summary_path(iteration, stage)):
+        if not self.run.exists(summary_path(iteration, stage)):
             return None
         return self.run.read_json(summary_path(iteration, stage), "stage summary")

@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from nip_core.trainers.fine_tune_waiter import FineTuneJobsPending
-from nip_core.trainers.kill_points import maybe_kill
 from nip_core.trainers.pure_text_stats import rollout_stats
 from nip_core.trainers.stage_machine import STAGE_ORDER, Stage, StageOrderError
 
@@ -57,7 +56,7 @@ def sample_rollouts(trainer: "PureTextRlTrainer") -> dict[str, Any]:
     else:
         rollouts, tokens = trainer.sample_train_rollouts(i)
         trainer.state.tokens_used += tokens
-        maybe_kill(i, Stage.SAMPLE_ROLLOUTS.value, "before_save")
+        trainer.reach_point(i, Stage.SAMPLE_ROLLOUTS.value, "before_save")
         trainer.records.save_rollouts(name, rollouts)
     trainer.records.keep(name, rollouts)
     return {}

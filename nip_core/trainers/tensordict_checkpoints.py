@@ -4,18 +4,30 @@ A checkpoint holds the model, the optimiser, the loss module's state (e.g. adapt
 coefficients), the observation normaliser, every RNG (torch, numpy, python, the
 environments' generators and data positions) and the carried-over episode state of the
 training environment, so that a run resumed from it produces the same batches and the
-same parameters as an uninterrupted one. Loading maps tensors onto the trainer's device
-(``map_location``), whichever device wrote them.
+same parameters as an uninterrupted one (with ``settings.num_rollout_workers >= 2`` also
+the RNG states of the collection shards, ``collector``).
+
+Across devices: :meth:`TensorDictCheckpointMixin.restore_checkpoint` loads with
+``map_location=settings.device``, so a checkpoint written on a CUDA host loads on a
+CPU-only one (and the other way round) with the tensors where the trainer computes. RNG
+states are brought back to the CPU before they are set (torch accepts only CPU byte
+tensors there). On a CUDA device the CUDA generators are saved too (``torch_cuda``); a host
+without CUDA skips them with a log line, since it cannot replay CUDA streams anyway.
 """
 
 from __future__ import annotations
 
 import io
+import logging
+import random
 import re
 from typing import Any
 
+import numpy as np
 import torch
 
+# The RNG messages are the RL trainer's (they were logged there before this module existed).
+log = logging.getLogger("nip_core.trainers.tensordict_rl")
 
 CHECKPOINT_PATTERN = re.compile(r"^iter_(\d{6,})$")
 
@@ -40,6 +52,44 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
+class RngStatesMixin:
+    """The global RNG states of a trainer computing on ``settings.device``."""
+
+    def _computes_on_cuda(self) -> bool:
+        return torch.device(self.settings.device).type == "cuda" and torch.cuda.is_available()
+
+    def get_rng_states(self) -> dict[str, Any]:
+        """The global RNG states; ``torch_cuda`` (all CUDA devices) only when training on CUDA.
+
+        A CPU trainer writes no CUDA entry at all, so its checkpoints do not depend on
+        whether the host happens to have a GPU.
+        """
+        states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        if self._computes_on_cuda():
+            states["torch_cuda"] = torch.cuda.get_rng_state_all()
+        return states
+
+    def set_rng_states(self, states: dict[str, Any]) -> None:
+        """Restore :meth:`get_rng_states`; tensors may sit on any device (moved to the CPU)."""
+        torch.set_rng_state(_to_cpu(states["torch"]))
+        np.random.set_state(states["numpy"])
+        random.setstate(states["python"])
+        cuda_states = states.get("torch_cuda")
+        if cuda_states is None:
+            return
+        if torch.cuda.is_available():
+            cuda_states = _to_cpu(list(cuda_states))
+            count = torch.cuda.device_count()
+            if len(cuda_states) > count:
+                # Written on a host with more GPUs: the extra devices do not exist here.
+                log.info("the checkpoint holds CUDA RNG states of %d devices, this host has %d: "
+                         "restoring the first %d", len(cuda_states), count, count)
+            torch.cuda.set_rng_state_all(cuda_states[:count])
+        else:
+            log.info("the checkpoint holds CUDA RNG states but CUDA is not available on this host: "
+                     "they are not restored (the CPU RNG states are)")
+
+
 class TensorDictCheckpointMixin:
     """Checkpointing of :class:`~nip_core.trainers.tensordict_rl.TensorDictRlTrainer`."""
 
@@ -56,6 +106,8 @@ class TensorDictCheckpointMixin:
             "train_env_rng": self._base_env(self.train_env).get_rng_state(),
             "test_env_rng": self._base_env(self.test_env).get_rng_state(),
             "carried_td": self._carried_td.clone(),
+            **({"collector": collector_state} if (collector_state := self.train_collector.state_dict()) is not None
+               else {}),
         }
 
     def load_checkpoint_state(self, state: dict[str, Any]) -> None:
@@ -71,6 +123,8 @@ class TensorDictCheckpointMixin:
         self._base_env(self.train_env).set_rng_state(_to_cpu(state["train_env_rng"]))
         self._base_env(self.test_env).set_rng_state(_to_cpu(state["test_env_rng"]))
         self._carried_td = state["carried_td"]
+        # Worker collection with several shards (nip_core.trainers.collectors): their RNGs.
+        self.train_collector.load_state_dict(_to_cpu(state.get("collector")))
         self._memory_iteration = int(state["iteration"])
 
     @staticmethod
@@ -99,7 +153,7 @@ class TensorDictCheckpointMixin:
 
     def _write_checkpoint(self, iteration: int, data: bytes | None) -> None:
         """Store the checkpoint of ``iteration`` (``data``: its bytes, default the current state)."""
-        if self.run is None or self.settings.test_run:
+        if not self.run.persistent:  # a NullRun: not even serialised
             return
         name = checkpoint_name(iteration)
         self.run.save_checkpoint_bytes(name, data if data is not None else self._checkpoint_bytes(),
@@ -111,8 +165,6 @@ class TensorDictCheckpointMixin:
 
     def latest_checkpoint_iteration(self, upto: int | None = None) -> int | None:
         """The newest checkpointed iteration (at most ``upto`` when given)."""
-        if self.run is None:
-            return None
         iterations = [int(m.group(1)) for n in self.run.list_checkpoints() if (m := CHECKPOINT_PATTERN.match(n))]
         if upto is not None:
             iterations = [i for i in iterations if i <= upto]
@@ -151,7 +203,7 @@ class TensorDictCheckpointMixin:
         WarmStartError
             If its weights do not fit this run's agents (names the tensors).
         """
-        if (self.run is None or self.settings.test_run or self._memory_iteration != 0
+        if (not self.run.persistent or self._memory_iteration != 0
                 or getattr(self, "_warm_start_checked", False) or self.run.has_state()):
             return False
         from nip_core.trainers.warm_start import load_warm_start_agents

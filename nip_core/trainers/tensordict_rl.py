@@ -8,32 +8,25 @@ optional lr annealing, per-agent update schedules) → log stats with per-phase 
 (:mod:`nip_core.trainers.timing`). The test loop samples, or takes the most likely
 actions with ``rl.test_greedy`` (TorchRL's ``ExplorationType.DETERMINISTIC``).
 
-Resumability (a fix, docs/behaviour.md#b24): :meth:`TensorDictRlTrainer.run_iterations` restores the
-latest checkpoint of the run store and checkpoints at the end of the range (and every
-``settings.checkpoint_every`` iterations). A checkpoint holds the model, the optimiser,
-the loss module's state (e.g. adaptive KL coefficients), the observation normaliser, every
-RNG (torch, numpy, python, the environments' generators and data positions) and the
-carried-over episode state of the training environment, so a resumed run produces the
-same batches and the same parameters as an uninterrupted one.
+Resumability (a fix, docs/behaviour.md#b24): :meth:`TensorDictRlTrainer.run_iterations`
+restores the latest checkpoint of the run store and checkpoints at the end of the range
+(and every ``settings.checkpoint_every`` iterations); what a checkpoint holds, and how it
+loads across devices, is in :mod:`nip_core.trainers.tensordict_checkpoints`. A resumed
+run produces the same batches and parameters as an uninterrupted one.
 
 Preemption (:mod:`nip_core.trainers.preemption`): SIGTERM, SIGUSR1 or Ctrl-C during
 :meth:`TensorDictRlTrainer.run_iterations` stop training after the current minibatch
 step; the checkpoint of the last finished iteration is written and
 ``TrainingPreempted`` raised, so a resume is exact.
 
-Checkpoints across devices: :meth:`TensorDictRlTrainer.restore_checkpoint` loads with
-``map_location=settings.device``, so a checkpoint written on a CUDA host loads on a
-CPU-only one (and the other way round) with the tensors where this trainer computes. RNG
-states are brought back to the CPU before they are set (torch accepts only CPU byte
-tensors there). On a CUDA device the CUDA generators are saved too (``torch_cuda``); a host
-without CUDA skips them with a log line, since it cannot replay CUDA streams anyway.
-
 Other choices, documented:
 
-* Collection uses :func:`nip_core.environments.rollouts.collect_batch` (TorchRL's
-  ``step_and_maybe_reset`` loop) instead of ``torchrl.collectors.Collector``, whose
-  carried-over episode tensordict is private: saving it is what makes resumes exact.
-  Episodes therefore straddle iterations exactly as with the collector.
+* Collection (:mod:`nip_core.trainers.collectors`) uses
+  :func:`nip_core.environments.rollouts.collect_batch` (TorchRL's ``step_and_maybe_reset``
+  loop) instead of ``torchrl.collectors.Collector``, whose carried-over episode
+  tensordict is private: saving it is what makes resumes exact. Episodes straddle
+  iterations exactly as with the collector. ``settings.num_rollout_workers`` moves it
+  into worker processes.
 * Observation normalisation (``rl.normalize_observations``): one scalar mean/std per key
   (``x``, ``message``) from random-action steps of the training environment, applied to
   the training *and* test environments through TorchRL ``ObservationNorm`` transforms
@@ -43,8 +36,11 @@ Other choices, documented:
 * Losses are TorchRL ``LossModule`` subclasses of ``NipLossModule``
   (:mod:`nip_core.trainers.objectives.base`): declared keys (``set_keys``), GAE from
   ``make_value_estimator(ValueEstimators.GAE, ...)``, and a ``backward`` that the minibatch
-  loop calls (SPG needs its own). They are not TorchRL's ``ClipPPOLoss`` because the
+  loop calls (SPG needs its own); a loss without ``backward`` is differentiated through the
+  sum of its ``loss_*`` entries. They are not TorchRL's ``ClipPPOLoss`` because the
   per-agent joint distribution (several categorical heads per agent) does not fit it.
+* ``pretrain_agents`` (:mod:`nip_core.trainers.pretrain`): the bodies are pretrained once,
+  before iteration 0, and the result is the iteration-0 checkpoint.
 * Attention kernels: ``attention_backends`` (class attribute) lists the allowed SDPA
   kernels, used for collection, training and testing alike, by agents that call SDPA
   (the GI body writes its short-sequence attention out instead, see
@@ -63,13 +59,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 from abc import abstractmethod
+from contextlib import ExitStack
 from typing import Any
 
-import numpy as np
 import torch
-from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import SamplerWithoutReplacement
@@ -77,16 +71,20 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from nip_core.agents.operators import PolicyOperator, ValueOperator
 from nip_core.environments.episode_stats import episode_stats
-from nip_core.environments.rollouts import collect_batch, normalized_env, random_observation_stats
+from nip_core.environments.rollouts import normalized_env, random_observation_stats
 from nip_core.errors import CheckpointNotFoundError
-from nip_core.scenarios.registry import build_scenario_instance
-from nip_core.settings import ExperimentSettings, resolve_device
-from nip_core.trainers.base import Trainer, set_global_seed
+from nip_core.trainers.base import set_global_seed
+from nip_core.trainers.collectors import make_collector
 from nip_core.trainers.precision import autocast_dtype, precision_context
 from nip_core.trainers.preemption import PreemptionGuard, TrainingPreempted
 from nip_core.trainers.optim import build_optimizer
 from nip_core.trainers.progress import attach_progress_bar
-from nip_core.trainers.tensordict_checkpoints import TensorDictCheckpointMixin, _to_cpu, checkpoint_name
+from nip_core.trainers.tensordict_base import TensorDictTrainer, module_mode  # noqa: F401 (re-exported)
+from nip_core.trainers.tensordict_checkpoints import (  # noqa: F401 (_to_cpu: re-exported, it lived here)
+    TensorDictCheckpointMixin,
+    _to_cpu,
+    checkpoint_name,
+)
 from nip_core.trainers.timing import IterationProfiler, PhaseTimer, parse_iteration_range
 
 log = logging.getLogger(__name__)
@@ -108,84 +106,17 @@ class _StopRequested(Exception):
     """A preemption signal arrived: leave the iteration after the current minibatch step."""
 
 
-class TensorDictTrainer(Trainer):
-    """A trainer of local torch agents on a TensorDict scenario.
-
-    Parameters
-    ----------
-    hyper_params, settings, run, hooks, stat_logger
-        As :class:`~nip_core.trainers.base.Trainer`.
-    scenario_instance
-        Ready-made scenario components (tests inject small ones); built from the
-        scenario registry when omitted.
-
-    The device is resolved first, before anything is built
-    (:func:`~nip_core.settings.resolve_device`): ``settings.device`` of the trainer is the
-    device it computes on here (``"auto"`` becomes ``"cuda"`` or ``"cpu"``), and
-    ``requested_device`` the device as asked, which is what a process on another host
-    (an RL block) must resolve again.
-
-    Raises
-    ------
-    DeviceUnavailableError
-        If ``settings.device`` names a CUDA device this host does not have.
-    """
-
-    uses_torch_device = True
-
-    def __init__(self, hyper_params, settings=None, run=None, hooks=None, stat_logger=None,
-                 scenario_instance=None):
-        settings = settings or ExperimentSettings()
-        self.requested_device: str = settings.device
-        settings = settings.model_copy(update={"device": resolve_device(settings.device)})
-        super().__init__(hyper_params, settings, run=run, hooks=hooks, stat_logger=stat_logger)
-        set_global_seed(hyper_params.seed)
-        if scenario_instance is None:
-            scenario_instance = build_scenario_instance(hyper_params, self.settings,
-                                                        trainer_type=self.trainer_type)
-        self.scenario = scenario_instance
-        self.protocol_handler = scenario_instance.protocol_handler
-        self.agents: nn.Module = scenario_instance.extras["combined_agents"].to(self.settings.device)
-        self.agent_names = list(self.protocol_handler.agent_names)
-        self.verifier_index = self.agent_names.index(self.protocol_handler.verifier_names[0])
-
-    def _computes_on_cuda(self) -> bool:
-        return torch.device(self.settings.device).type == "cuda" and torch.cuda.is_available()
-
-    def get_rng_states(self) -> dict[str, Any]:
-        """The global RNG states; ``torch_cuda`` (all CUDA devices) only when training on CUDA.
-
-        A CPU trainer writes no CUDA entry at all, so its checkpoints do not depend on
-        whether the host happens to have a GPU.
-        """
-        states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-        if self._computes_on_cuda():
-            states["torch_cuda"] = torch.cuda.get_rng_state_all()
-        return states
-
-    def set_rng_states(self, states: dict[str, Any]) -> None:
-        """Restore :meth:`get_rng_states`; tensors may sit on any device (moved to the CPU)."""
-        torch.set_rng_state(_to_cpu(states["torch"]))
-        np.random.set_state(states["numpy"])
-        random.setstate(states["python"])
-        cuda_states = states.get("torch_cuda")
-        if cuda_states is None:
-            return
-        if torch.cuda.is_available():
-            cuda_states = _to_cpu(list(cuda_states))
-            count = torch.cuda.device_count()
-            if len(cuda_states) > count:
-                # Written on a host with more GPUs: the extra devices do not exist here.
-                log.info("the checkpoint holds CUDA RNG states of %d devices, this host has %d: "
-                         "restoring the first %d", len(cuda_states), count, count)
-            torch.cuda.set_rng_state_all(cuda_states[:count])
-        else:
-            log.info("the checkpoint holds CUDA RNG states but CUDA is not available on this host: "
-                     "they are not restored (the CPU RNG states are)")
-
-
 class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
-    """The TorchRL loop; subclasses provide the loss (:meth:`_get_loss_module_and_gae`)."""
+    """The TorchRL loop; subclasses provide the loss (:meth:`_get_loss_module_and_gae`).
+
+    Extension points (nip's names; each is called by the default loop and may be
+    overridden): :meth:`_get_loss_module_and_gae`, :meth:`_get_optimizer_and_param_freezer`,
+    :meth:`_get_data_collectors`, :meth:`_get_replay_buffer`, :meth:`_build_train_context`,
+    :meth:`_build_test_context`, :meth:`_run_train_loop`, :meth:`_run_test_loop`,
+    :meth:`_train_on_replay_buffer` and :meth:`_get_log_stats`. One iteration is
+    :meth:`_train_iteration`, which reads top to bottom: collect, GAE, replay buffer, PPO
+    update, log statistics.
+    """
 
     trainer_type = "rl"
     # Allowed scaled-dot-product-attention kernels, in order of preference (see module doc).
@@ -223,24 +154,89 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         if self.value_estimator is not None:
             self.value_estimator.to(self.settings.device)
         self._compiled_loss = None
-        self.agent_groups = self.agents.parameter_groups(hp.rl.lr)
-        all_groups = [g for groups in self.agent_groups.values() for g in groups]
-        for group in all_groups:
-            group["initial_lr"] = group["lr"]
-        self.optimizer = build_optimizer(all_groups, hp.rl)
+        self.optimizer, self.agent_groups = self._get_optimizer_and_param_freezer(self.loss_module)
+        self.train_collector, self.test_collector = self._get_data_collectors()
         self.profiler = IterationProfiler(parse_iteration_range(self.settings.profile_iterations), self.run)
         self._preemption: PreemptionGuard | None = None  # set while run_iterations trains
         self._stored_iteration: int | None = None  # newest checkpoint this object wrote or read
+        self._pretrained = False  # pretrain_agents ran in this object
         # Start of the episode state carried across iterations (reset once, deterministic).
         set_global_seed(hp.seed)
-        self._carried_td = self.train_env.reset()
+        self._carried_td = self.train_collector.reset()
         self._memory_iteration = 0
 
-    # -- subclass hooks ---------------------------------------------------------------------
+    # -- extension points: building -----------------------------------------------------------
 
     @abstractmethod
     def _get_loss_module_and_gae(self):
-        """``(loss_module, value_estimator)``; the estimator may be ``None`` (no critic)."""
+        """``(loss_module, value_estimator)``; the estimator may be ``None`` (no critic).
+
+        The loss is a TorchRL ``LossModule`` whose forward returns a tensordict of
+        ``loss_*`` terms; a loss without a ``backward`` method is differentiated through
+        the sum of those terms (:meth:`_backward`).
+        """
+
+    def _get_optimizer_and_param_freezer(self, loss_module) -> tuple[torch.optim.Optimizer | None, dict]:
+        """The optimiser (``rl.optimizer``) and the per-agent parameter groups.
+
+        The groups (``{agent_name: [param_group, ...]}``) are the parameter freezer: an
+        agent whose update schedule is inactive keeps its groups, but its gradients are
+        dropped before the optimiser step (module doc). The groups come from the agents
+        (``lr`` and per-part factors), which the loss module holds.
+        """
+        agent_groups = self.agents.parameter_groups(self.hyper_params.rl.lr)
+        all_groups = [g for groups in agent_groups.values() for g in groups]
+        for group in all_groups:
+            group["initial_lr"] = group["lr"]
+        return build_optimizer(all_groups, self.hyper_params.rl), agent_groups
+
+    def _get_data_collectors(self) -> tuple[Any, Any]:
+        """``(train_collector, test_collector)``, see :mod:`nip_core.trainers.collectors`.
+
+        The train collector runs in ``settings.num_rollout_workers`` worker processes
+        when that is positive; the test collector always runs in this process.
+        """
+        train = make_collector(self.train_env, self.policy_operator, self.steps_per_env,
+                               num_workers=self.settings.num_rollout_workers, seed=self.hyper_params.seed,
+                               device=self.settings.device, precision=self.hyper_params.rl.precision,
+                               attention_backends=self.attention_backends)
+        return train, make_collector(self.test_env, self.policy_operator, self.steps_per_env)
+
+    def _get_replay_buffer(self, transform=None) -> ReplayBuffer:
+        """A buffer holding exactly one batch, sampled in minibatches without replacement.
+
+        The loop builds a fresh buffer every iteration: no sampler state leaks across
+        iterations, so a resumed run samples exactly the minibatches of an uninterrupted one.
+        """
+        minibatch_size = min(self.hyper_params.rl.minibatch_size, self.frames_per_batch)
+        with _quiet_torchrl():
+            return ReplayBuffer(storage=LazyTensorStorage(self.frames_per_batch), transform=transform,
+                                sampler=SamplerWithoutReplacement(drop_last=True), batch_size=minibatch_size)
+
+    def _build_train_context(self, stack: ExitStack) -> list:
+        """Enter the contexts of the training loop on ``stack``; return them.
+
+        The allowed attention kernels and the agents' training mode. Precision (bf16
+        autocast) is entered per phase instead (module doc), since the backward pass and
+        the optimiser step run outside it.
+        """
+        contexts = [sdpa_kernel(self.attention_backends), module_mode(self.agents, training=True)]
+        for context in contexts:
+            stack.enter_context(context)
+        return contexts
+
+    def _build_test_context(self, stack: ExitStack) -> list:
+        """Enter the contexts of the test loop on ``stack``; return them.
+
+        No gradients, the attention kernels, sampled or greedy actions
+        (``rl.test_greedy``), ``rl.precision`` and the agents' evaluation mode.
+        """
+        greedy = ExplorationType.DETERMINISTIC if self.hyper_params.rl.test_greedy else ExplorationType.RANDOM
+        contexts = [torch.no_grad(), sdpa_kernel(self.attention_backends), set_exploration_type(greedy),
+                    self._precision(), module_mode(self.agents, training=False)]
+        for context in contexts:
+            stack.enter_context(context)
+        return contexts
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -252,6 +248,10 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
 
     def run_iterations(self, start: int, stop: int) -> None:
         """Train iterations ``[start, stop)`` from the matching checkpoint.
+
+        A run that starts from iteration 0 is warm-started and (``pretrain_agents``)
+        pretrained first; the pretrained agents are the iteration-0 checkpoint, so a resume
+        does not pretrain again.
 
         Raises
         ------
@@ -267,28 +267,49 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
                     "to restart from iteration 0)")
             self.restore_checkpoint(start)
         elif not self.restore_latest_checkpoint(upto=stop) and start == 0:
-            self.maybe_warm_start()
+            self._prepare_iteration_zero()
         if self._memory_iteration < start:
             raise CheckpointNotFoundError(
                 f"{self.run.location if self.run else '<no run>'}/checkpoints/{checkpoint_name(start)}",
                 f"checkpoint for iteration {start}")
-        every = self.settings.checkpoint_every
         try:
-            with PreemptionGuard() as self._preemption:
-                self._train_loop(stop, every)
+            with PreemptionGuard() as self._preemption, ExitStack() as stack:
+                self._build_train_context(stack)
+                self._run_train_loop(stop)
         finally:
             self._preemption = None
         self.save_checkpoint()
 
+    def _prepare_iteration_zero(self) -> None:
+        """Warm start, then ``pretrain_agents``; a stored pretrained iteration 0 is loaded instead."""
+        if not self.hyper_params.pretrain_agents:
+            self.maybe_warm_start()
+            return
+        if self._stored_iteration == 0 or self._pretrained:
+            return  # this object pretrained (or loaded the pretrained agents) already
+        if self.latest_checkpoint_iteration(upto=0) == 0:
+            self.restore_checkpoint(0)  # pretrained by an earlier attempt: never pretrain twice
+            return
+        if self.maybe_warm_start():
+            log.info("pretrain_agents: the agents were warm-started, so they are not pretrained")
+        else:
+            from nip_core.trainers.pretrain import pretrain_agents
+
+            self.log_stats(pretrain_agents(self), 0, kind="pretrain")
+            self._pretrained = True
+        self.save_checkpoint()
+
     @attach_progress_bar(lambda self: self.hyper_params.rl.num_iterations, "train")
-    def _train_loop(self, stop: int, every: int, iteration_context=None) -> None:
+    def _run_train_loop(self, stop: int, iteration_context=None) -> None:
+        """Train until iteration ``stop`` (in the train context); checkpoint every ``checkpoint_every``."""
+        every = self.settings.checkpoint_every
         if iteration_context is not None and iteration_context.count < self._memory_iteration:
             iteration_context.step(self._memory_iteration - iteration_context.count)
         while self._memory_iteration < stop:
             # The state at the start of an iteration is the checkpoint of the last finished
             # one: kept in memory (unless stored already) so that a preemption can write it.
             finished = self._memory_iteration
-            keep = (None if self.run is None or self.settings.test_run or self._stored_iteration == finished
+            keep = (None if not self.run.persistent or self._stored_iteration == finished
                     else self._checkpoint_bytes())
             try:
                 self.profiler.before(finished)
@@ -307,8 +328,27 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
                 self.save_checkpoint()
 
     def _train_iteration(self, iteration: int) -> dict[str, float]:
-        with sdpa_kernel(self.attention_backends):
-            return self._train_iteration_inner(iteration)
+        """One iteration: collect, GAE, fill the replay buffer, update, statistics."""
+        hp = self.hyper_params
+        if hp.rl.anneal_lr and self.optimizer is not None:
+            fraction = 1.0 - iteration / max(hp.rl.num_iterations, 1)
+            for group in self.optimizer.param_groups:
+                group["lr"] = fraction * group["initial_lr"]
+        active = {name: hp.agent_params(name).update_schedule.is_active(iteration) for name in self.agent_names}
+        timer = PhaseTimer()
+        with torch.no_grad():
+            with timer.phase("collect"), self._precision():
+                batch, self._carried_td = self.train_collector.collect(self._carried_td)
+            with timer.phase("gae"):
+                self._add_values_and_advantages(batch)
+        with timer.phase("update"):
+            replay_buffer = self._get_replay_buffer()
+            with _quiet_torchrl():
+                replay_buffer.extend(batch.reshape(-1))
+            mean_losses = self._train_on_replay_buffer(replay_buffer, active)
+        stats = self._get_log_stats(batch, mean_losses, train=True)
+        stats.update(timer.stats)
+        return stats
 
     def _precision(self):
         """The context of the agents' forward passes (bf16 autocast with ``rl.precision=bf16``)."""
@@ -321,27 +361,6 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         if self._compiled_loss is None:
             self._compiled_loss = torch.compile(self.loss_module, mode=self.compile_mode)
         return self._compiled_loss(minibatch)
-
-    def _train_iteration_inner(self, iteration: int) -> dict[str, float]:
-        hp = self.hyper_params
-        self.agents.train()
-        if hp.rl.anneal_lr and self.optimizer is not None:
-            fraction = 1.0 - iteration / max(hp.rl.num_iterations, 1)
-            for group in self.optimizer.param_groups:
-                group["lr"] = fraction * group["initial_lr"]
-        active = {name: hp.agent_params(name).update_schedule.is_active(iteration) for name in self.agent_names}
-        timer = PhaseTimer()
-        with torch.no_grad():
-            with timer.phase("collect"), self._precision():
-                batch, self._carried_td = collect_batch(self.train_env, self.policy_operator, self._carried_td,
-                                                        self.steps_per_env)
-            with timer.phase("gae"):
-                self._add_values_and_advantages(batch)
-        stats = episode_stats(batch, self.agent_names, self.verifier_index)
-        with timer.phase("update"):
-            stats.update(self._train_on_batch(batch.reshape(-1), active))
-        stats.update(timer.stats)
-        return stats
 
     def _add_values_and_advantages(self, batch) -> None:
         if self.value_estimator is None:
@@ -360,16 +379,17 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         batch.set(("next", "agents", "value"), next_values)
         self.value_estimator(batch)
 
-    def _train_on_batch(self, flat_batch, active: dict[str, bool]) -> dict[str, float]:
+    def _train_on_replay_buffer(self, replay_buffer: ReplayBuffer, active: dict[str, bool]) -> dict[str, float]:
+        """The PPO update: ``rl.num_epochs`` passes of minibatches from ``replay_buffer``.
+
+        Each minibatch: loss forward (``rl.precision``), backward, and every
+        ``rl.gradient_accumulation_steps`` minibatches (and after the last) one optimiser
+        step on the mean gradient. Agents not in ``active`` are frozen. Returns the mean
+        of every loss entry over the minibatches (``agents.loss_x`` for nested ones).
+        """
         hp = self.hyper_params
-        minibatch_size = min(hp.rl.minibatch_size, flat_batch.numel())
-        # A fresh buffer per iteration: no sampler state leaks across iterations, so a
-        # resumed run samples exactly the minibatches of an uninterrupted one.
-        with _quiet_torchrl():
-            buffer = ReplayBuffer(storage=LazyTensorStorage(flat_batch.numel()),
-                                  sampler=SamplerWithoutReplacement(drop_last=True), batch_size=minibatch_size)
-            buffer.extend(flat_batch)
-        num_steps = hp.rl.num_epochs * (flat_batch.numel() // minibatch_size)
+        size = len(replay_buffer)
+        num_steps = hp.rl.num_epochs * (size // min(hp.rl.minibatch_size, size))
         if self.settings.test_run:
             num_steps = 1
         frozen_params = [p for name, groups in self.agent_groups.items() if not active[name]
@@ -381,7 +401,7 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         for step in range(num_steps):
             if self._preemption is not None and self._preemption.requested:
                 raise _StopRequested  # the previous minibatch step is complete; drop the iteration
-            minibatch = buffer.sample()
+            minibatch = replay_buffer.sample()
             with self._precision():
                 losses = self._loss_forward(minibatch)
             for key, value in losses.items(include_nested=True, leaves_only=True):
@@ -389,12 +409,25 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
                 totals[name] = totals.get(name, 0.0) + float(value.detach().sum())
             if self.optimizer is None or all(not a for a in active.values()):
                 continue
-            self.loss_module.backward(losses)
+            self._backward(losses)
             pending += 1
             if pending == accumulate or step == num_steps - 1:
                 self._optimizer_step(all_params, frozen_params, pending)
                 pending = 0
         return {k: v / max(num_steps, 1) for k, v in totals.items()}
+
+    def _backward(self, losses) -> None:
+        """The loss module's ``backward``; without one, backpropagate the sum of its ``loss_*`` terms."""
+        backward = getattr(self.loss_module, "backward", None)
+        if callable(backward):
+            backward(losses)
+            return
+        terms = [value.sum() for key, value in losses.items(include_nested=True, leaves_only=True)
+                 if (key[-1] if isinstance(key, tuple) else key).startswith("loss_") and value.requires_grad]
+        if not terms:
+            raise KeyError(f"{type(self.loss_module).__name__}: the losses hold no differentiable loss_* entry "
+                           f"(keys: {list(losses.keys(include_nested=True, leaves_only=True))})")
+        torch.stack(terms).sum().backward()
 
     def _optimizer_step(self, all_params: list, frozen_params: list, accumulated: int) -> None:
         """One step on the mean gradient of the ``accumulated`` minibatches since the last."""
@@ -408,23 +441,38 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def _get_log_stats(self, rollouts, mean_loss_vals: dict[str, float] | None = None, *,
+                       train: bool = True) -> dict[str, float]:
+        """Episode statistics of ``rollouts`` (prefix ``test_`` unless ``train``) and the mean losses."""
+        stats = episode_stats(rollouts, self.agent_names, self.verifier_index, prefix="" if train else "test_")
+        if mean_loss_vals is not None:
+            stats.update(mean_loss_vals)
+        return stats
+
     # -- testing -------------------------------------------------------------------------------
 
-    @attach_progress_bar(lambda self: self.hyper_params.rl.num_test_iterations, "test")
-    def test(self, iteration_context=None) -> dict[str, float]:
+    def test(self) -> dict[str, float]:
         """Collect ``rl.num_test_iterations`` batches without training; log ``test_`` stats."""
-        self.agents.eval()
-        batches = []
-        greedy = ExplorationType.DETERMINISTIC if self.hyper_params.rl.test_greedy else ExplorationType.RANDOM
-        with torch.no_grad(), sdpa_kernel(self.attention_backends), set_exploration_type(greedy), \
-                self._precision():
-            td = self.test_env.reset()
-            for _ in range(self.hyper_params.rl.num_test_iterations):
-                batch, td = collect_batch(self.test_env, self.policy_operator, td, self.steps_per_env)
-                batches.append(batch)
-                if iteration_context is not None:
-                    iteration_context.step()
-        self.agents.train()
-        stats = episode_stats(torch.cat(batches, dim=1), self.agent_names, self.verifier_index, prefix="test_")
+        with ExitStack() as stack:
+            self._build_test_context(stack)
+            stats = self._run_test_loop()
         self.log_stats(stats, self._memory_iteration, kind="test")
         return stats
+
+    @attach_progress_bar(lambda self: self.hyper_params.rl.num_test_iterations, "test")
+    def _run_test_loop(self, iteration_context=None) -> dict[str, float]:
+        """The test batches (in the test context), from a fresh reset; returns their statistics."""
+        batches = []
+        td = self.test_collector.reset()
+        for _ in range(self.hyper_params.rl.num_test_iterations):
+            batch, td = self.test_collector.collect(td)
+            batches.append(batch)
+            if iteration_context is not None:
+                iteration_context.step()
+        return self._get_log_stats(torch.cat(batches, dim=1), train=False)
+
+    def close(self) -> None:
+        """Stop the collectors' worker processes, then close the logger."""
+        for collector in (self.train_collector, self.test_collector):
+            collector.shutdown()
+        super().close()

@@ -73,7 +73,7 @@ class IterationProfiler:
         if profiler is None:
             return
         profiler.__exit__(None, None, None)
-        if self.run is None:
+        if not self.run.persistent:  # a NullRun has no storage
             return
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"

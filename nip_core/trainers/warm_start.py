@@ -277,7 +277,7 @@ def warm_start_pure_text(trainer: Any) -> dict[str, Any] | None:
         If its groups are not exactly the trainer's groups (names both sides).
     """
     run = trainer.run
-    if run is None or trainer.settings.test_run or run.has_state() or getattr(trainer, "rerun_tests", False):
+    if run.has_state() or getattr(trainer, "rerun_tests", False):  # a NullRun has neither state nor file
         return None
     if not run.exists(MODELS_FILE):
         return None

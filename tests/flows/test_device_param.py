@@ -45,13 +45,13 @@ def _child_runs(parent_id):
 @pytest.fixture
 def no_live_trainers():
     """A process without the trainers of earlier flow runs (like a block's own process)."""
-    from flows import trainer_access
+    from tasks import trainers
 
-    saved = dict(trainer_access._LIVE_TRAINERS)
-    trainer_access._LIVE_TRAINERS.clear()
-    yield trainer_access._LIVE_TRAINERS
-    trainer_access._LIVE_TRAINERS.clear()
-    trainer_access._LIVE_TRAINERS.update(saved)
+    saved = dict(trainers._KEPT)
+    trainers._KEPT.clear()
+    yield trainers._KEPT
+    trainers._KEPT.clear()
+    trainers._KEPT.update(saved)
 
 
 # -- resolution ---------------------------------------------------------------------------

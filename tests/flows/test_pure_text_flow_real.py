@@ -3,8 +3,9 @@
 A child process (``run_real_pure_text.py``) runs ``train_experiment`` against the test's
 Prefect server and the local OpenAI-compatible server; the test-only
 ``NIPFLOW_TEST_KILL_AT`` makes it SIGKILL itself at the points of :data:`KILLS`, each
-once (markers). The same run id is started again until a flow run completes, and every
-flow run is checked through the Prefect API.
+once (markers), through the point hook of :mod:`tests.kill_points`. The same run id is
+started again until a flow run completes, and every flow run is checked through the
+Prefect API.
 
 What a restart must do depends on where the previous process died:
 

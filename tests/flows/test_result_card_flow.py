@@ -110,18 +110,21 @@ def test_parent_flow_run_carries_one_progress_one_full_table_and_the_card(prefec
 
 @pytest.mark.slow
 def test_blocks_trained_by_other_trainer_objects_still_give_4_of_4(prefect_server, tmp_path, monkeypatch):
-    """As on deployed workers: each block builds its own trainer; the parent's never trains."""
+    """As on deployed workers: each block builds (and keeps) its own trainer; the parent's never trains."""
     import torch
 
     import flows.experiment as experiment
     import flows.rl_blocks as rl_blocks
     import flows.trainer_access as trainer_access
+    from tasks.trainers import forget_trainer, keep_trainer
 
     torch.set_num_threads(1)
     built = []
 
     def fresh_trainer(spec):
+        forget_trainer(spec)  # a worker's process has no trainer of the parent's
         trainer = trainer_access.build_flow_trainer(spec.hyper_params(), spec.experiment_settings())
+        keep_trainer(spec, trainer)  # what trainer_from_spec does: the block's tasks use this one
         built.append(trainer)
         return trainer
 

@@ -64,7 +64,7 @@ def test_other_places_for_the_key_are_refused_too():
 def test_secret_fields_are_derived_from_the_settings_types():
     from pydantic import SecretStr, create_model
 
-    from flows.secrets import SECRET_SETTINGS_FIELDS, _holds_secret
+    from flows.secret_blocks import SECRET_SETTINGS_FIELDS, _holds_secret
     from nip_core.settings import ExperimentSettings
 
     assert SECRET_SETTINGS_FIELDS == {"openai_api_key"}
@@ -174,7 +174,7 @@ def test_block_key_reaches_settings_but_no_parameter_spec_log_or_artifact(fakes,
 
 
 def test_missing_block_means_no_key(prefect_server, monkeypatch, tmp_path):
-    from flows.secrets import openai_api_key
+    from flows.secret_blocks import openai_api_key
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert openai_api_key() is None
@@ -185,16 +185,16 @@ def test_missing_block_means_no_key(prefect_server, monkeypatch, tmp_path):
 def test_unreachable_block_is_logged_without_the_value(prefect_server, monkeypatch, caplog):
     from prefect.blocks.system import Secret
 
-    from flows.secrets import openai_api_key
+    from flows.secret_blocks import openai_api_key
 
     def failing_load(*args, **kwargs):
         raise RuntimeError(f"boom near {BLOCK_KEY}")
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setattr(Secret, "load", failing_load)
-    with caplog.at_level(logging.WARNING, logger="flows.secrets"):
+    with caplog.at_level(logging.WARNING, logger="flows.secret_blocks"):
         assert openai_api_key() is None
-    messages = [r.getMessage() for r in caplog.records if r.name == "flows.secrets"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "flows.secret_blocks"]
     assert messages and OPENAI_SECRET_BLOCK in messages[0] and "RuntimeError" in messages[0]
     assert all(BLOCK_KEY not in m for m in messages)
 
@@ -204,7 +204,7 @@ def test_without_a_prefect_api_no_block_is_read(monkeypatch):
     from prefect.blocks.system import Secret
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.secrets import openai_api_key
+    from flows.secret_blocks import openai_api_key
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.setattr(Secret, "load", lambda *a, **k: pytest.fail("Secret block read without an API"))
@@ -217,7 +217,7 @@ def test_without_a_prefect_api_no_block_is_read(monkeypatch):
 
 
 def test_environment_key_wins_over_the_block(secret_block, monkeypatch, tmp_path):
-    from flows.secrets import openai_api_key
+    from flows.secret_blocks import openai_api_key
 
     monkeypatch.setenv("OPENAI_API_KEY", ENV_KEY)
     assert openai_api_key().get_secret_value() == ENV_KEY

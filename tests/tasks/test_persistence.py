@@ -20,6 +20,7 @@ from tasks.persistence import (  # noqa: E402
     RunKeyPolicy,
     result_storage_for,
     run_cache_key,
+    run_storage_of,
     task_options_for,
 )
 from tasks.rl_block import plan_blocks  # noqa: E402
@@ -45,20 +46,31 @@ def test_cache_key_has_no_dots_so_lock_files_cannot_collide():
     assert a != b
 
 
+def _spec(trainer):
+    from flows.parameters import RunSpec
+
+    return RunSpec.of(trainer.hyper_params, trainer.settings)
+
+
 def test_policy_key_is_run_params_and_position(text_trainer):
-    policy = RunKeyPolicy(key_fn=lambda inputs: (f"it{inputs['iteration']}", "log_stats"))
-    key = policy.compute_key(None, {"trainer": text_trainer, "iteration": 1}, {})
+    spec = _spec(text_trainer)
+    options = task_options_for(spec, lambda inputs: (f"it{inputs['iteration']}", "log_stats"))
+    policy = options["cache_policy"]
+    key = policy.compute_key(None, {"spec": spec, "iteration": 1}, {})
     assert key == f"r_1--{text_trainer.run.params_hash}--it1--log_stats"
-    options = task_options_for(text_trainer, lambda inputs: ())
     assert options["result_storage"] == Path(text_trainer.run.storage.full("results"))
-    assert options["cache_policy"].isolation_level.value == "SERIALIZABLE"
-    assert result_storage_for(text_trainer.run) == options["result_storage"]
+    assert policy.isolation_level.value == "SERIALIZABLE"
+    assert result_storage_for(text_trainer.run.storage) == options["result_storage"]
+    assert run_storage_of(spec).full("") == text_trainer.run.storage.full("")
 
 
-def test_policy_refuses_a_trainer_without_run(text_trainer):
-    text_trainer.run = None
-    with pytest.raises(ResultStorageError, match="FakeTextTrainer has no run"):
-        RunKeyPolicy().compute_key(None, {"trainer": text_trainer}, {})
+def test_policy_refuses_a_spec_without_run(text_trainer):
+    spec = _spec(text_trainer)
+    for settings in ({**spec.settings, "run_id": None}, {**spec.settings, "test_run": True}):
+        with pytest.raises(ResultStorageError, match="need a run in the run store"):
+            task_options_for(spec.model_copy(update={"settings": settings}), lambda inputs: ())
+    with pytest.raises(ResultStorageError, match="needs the run_id and params_hash"):
+        RunKeyPolicy().compute_key(None, {"spec": spec}, {})
 
 
 def test_plan_blocks_covers_every_iteration_once():

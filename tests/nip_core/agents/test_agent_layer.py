@@ -34,6 +34,7 @@ from nip_core.scenarios.graph_isomorphism.agents import (
 )
 from nip_core.scenarios.graph_isomorphism.agents.stacked import can_stack
 from nip_core.scenarios.graph_isomorphism.build import build_graph_isomorphism
+from nip_core.scenarios.registry import ScenarioInstance
 from tests.nip_core.environments.standins import RandomGraphDataset
 from tests.nip_core.trainers.gi_helpers import TINY, settings_for, tiny_params, tiny_scenario
 
@@ -141,7 +142,7 @@ def test_agent_consistency_checks():
     with pytest.raises(ValueError, match="whole agent has no other parts"):
         Agent(whole=object(), body=body)
     with pytest.raises(TypeError, match="no whole part"):
-        Agent(body=body).generate([])
+        ScenarioInstance(None, None, None, agents={"prover": Agent(body=body)}).whole_agents()
 
 
 def test_text_agents_are_whole_agents():
@@ -161,7 +162,9 @@ def test_text_agents_are_whole_agents():
     whole = PureTextWholeAgent("verifier", Params(), lambda: client, lambda: "base-model")
     agent = Agent(whole=whole)
     assert agent.parts() == {"whole": whole} and agent.name == "verifier"
-    assert agent.generate([{"role": "user", "content": "hi"}], seed=4) == ("hello", "stop", 3)
+    instance = ScenarioInstance(None, None, None, agents={"verifier": agent})
+    assert instance.whole_agents() == {"verifier": whole}
+    assert whole.generate([{"role": "user", "content": "hi"}], seed=4) == ("hello", "stop", 3)
     assert calls[0]["model"] == "base-model" and calls[0]["seed"] == 4 and calls[0]["max_tokens"] == 7
 
 

@@ -73,12 +73,6 @@ GROUP_ALIASES: dict[str, set[str]] = {
 #: cannot see: path -> where and how. Empty today; keep it tiny and explained.
 READ_GENERICALLY: dict[str, str] = {}
 
-#: IMPLEMENTED BY H2 IN PROGRESS (issue #18 point 3): being implemented by another engineer
-#: right now; remove this allowance once that work is merged.
-IN_PROGRESS_BY_H2: dict[str, str] = {
-    "settings.num_rollout_workers": "multi-process collection (H2)",
-    "pretrain_agents": "supervised pretraining before RL (H2); read today by the agent builder only",
-}
 
 
 # --- the fields ------------------------------------------------------------------------
@@ -296,7 +290,7 @@ def test_the_tree_walk_reaches_every_kind_of_group():
 
 
 def test_every_field_is_read_by_production_code_or_refused():
-    unread = [p for p in unread_paths(honour_refusals=True) if p not in IN_PROGRESS_BY_H2]
+    unread = unread_paths(honour_refusals=True)
     assert unread == [], (f"fields that no code in {', '.join(SCANNED_DIRS)} reads: implement them, or declare "
                           f"them with unsupported_field and test the refusal in {REFUSAL_TEST.name}: {unread}")
 
@@ -307,17 +301,14 @@ def test_every_refused_field_has_a_refusal_test():
 
 
 def test_the_scan_sees_every_refused_field_as_unread():
-    """Without the refusals, the scan flags exactly the refused fields (and the in-progress ones).
+    """Without the refusals, the scan flags exactly the refused fields.
 
     So the scan is not vacuous (it does flag unread fields, also ones with common names like
     ``message_regression.enabled``/``test_size``/``agents``) and no field is refused that
     code actually reads.
     """
     flagged = set(unread_paths(honour_refusals=False))
-    assert flagged - set(IN_PROGRESS_BY_H2) == refused_paths()
+    assert flagged == refused_paths()
     assert {"message_regression.enabled", "message_regression.test_size", "message_regression.agents",
             "agents.*.use_dummy_api", "functionalize_modules"} <= flagged
 
-
-def test_in_progress_allowance_lists_only_fields_that_exist():
-    assert set(IN_PROGRESS_BY_H2) <= set(all_leaves())

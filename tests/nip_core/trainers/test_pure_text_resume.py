@@ -3,9 +3,10 @@ groups' job creations).
 
 A driver process (:func:`main`, run as ``python -c``) trains a run in the run store; the
 test-only ``NIPFLOW_TEST_KILL_AT`` makes it SIGKILL itself at listed points, each point
-once (markers). The driver is restarted until it finishes; then the final state is
-compared with an uninterrupted run's (iteration-0 rollouts and the uploaded fine-tune
-data must be byte-identical; later rollouts are not, because the local server seeds a
+once (markers), through the point hook that :mod:`tests.kill_points` registers in it.
+The driver is restarted until it finishes; then the final state is compared with an
+uninterrupted run's (iteration-0 rollouts and the uploaded fine-tune data must be
+byte-identical; later rollouts are not, because the local server seeds a
 model's sampling with the model's name, which holds the run id and the random job id,
 so the state is compared without ``tokens_used`` and with model names reduced to their
 base model), the server must hold exactly one job per
@@ -47,7 +48,9 @@ def main() -> None:
     from nip_core.parameters import HyperParameters
     from nip_core.settings import ExperimentSettings
     from nip_core.trainers.build import build_trainer
+    from tests.kill_points import install_from_env
 
+    install_from_env()
     runs_dir, run_id, url, trainer_name = sys.argv[1:5]
     if trainer_name == "pure_text_malt":  # 20 trees of up to 2**3 rollouts
         hp = HyperParameters(scenario="code_validation", trainer="pure_text_malt", dataset="nipflow-cv",

@@ -1,0 +1,130 @@
+"""``nipflow sweep``: run the ``sweep`` flow through Prefect from a sweep file, then compare.
+
+A sweep file is JSON::
+
+    {"title": "...", "description": "...",
+     "variants": {"nip": {"interaction_protocol": "nip"},
+                  "zk_nip": {"interaction_protocol": "nip", "protocol_common.zero_knowledge": true}},
+     "grid": {"seed": [1, 2, 3]}}
+
+Every variant runs with every grid point, on top of the base experiment given like
+``nipflow run``'s (``--params FILE`` and/or ``--scenario``/``--trainer``, ``--set``), each point a ``train_experiment`` child
+flow run with its own run id ``<sweep-id>-<index>``. Without ``PREFECT_API_URL`` the flow
+runs against the temporary local server whose history ``nipflow ui`` shows, like
+``nipflow run``. Afterwards the comparison (mean ± std of the final verifier test accuracy
+per variant, every run's value, a plot beside it) is written to ``--out``, with the command line
+and the sweep's wall time. A re-run with the same sweep id continues: finished points
+are not trained again (their runs are complete in the run store).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from nip_core.errors import NipflowError
+
+
+class SweepFileError(NipflowError):
+    """A sweep file that cannot be used (names the file and the field)."""
+
+
+def add_sweep_parser(sub, add_run_options) -> None:
+    sweep = sub.add_parser("sweep", help="run a sweep file's variants x grid through Prefect and compare them")
+    sweep.add_argument("sweep_file", help="JSON file with 'variants' and/or 'grid' (and 'title', 'description')")
+    sweep.add_argument("--params", help="JSON file of the base hyper-parameters")
+    sweep.add_argument("--scenario", choices=["graph_isomorphism", "code_validation"],
+                       help="scenario of the base (overrides the params file's)")
+    sweep.add_argument("--trainer", help="trainer of the base (overrides the params file's)")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="dotted override of the base, e.g. rl.num_iterations=10 (repeatable)")
+    sweep.add_argument("--sweep-id", required=True, help="prefix of the points' run ids")
+    sweep.add_argument("--out", help="markdown file of the comparison (the plot is written beside it, "
+                                     "as .png); default <runs_dir>/<sweep-id>-comparison.md")
+    add_run_options(sweep)
+
+
+def load_sweep_file(path: str) -> dict[str, Any]:
+    """The sweep file's content, checked: ``variants`` maps names to override dicts, ``grid`` keys to lists."""
+    try:
+        content = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SweepFileError(f"sweep file {path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise SweepFileError(f"sweep file {path}: not valid JSON ({e})") from None
+    if not isinstance(content, dict):
+        raise SweepFileError(f"sweep file {path}: expected a JSON object")
+    unknown = sorted(set(content) - {"title", "description", "variants", "grid"})
+    if unknown:
+        raise SweepFileError(f"sweep file {path}: unknown field {unknown[0]!r} "
+                             "(expected title, description, variants, grid)")
+    variants, grid = content.get("variants") or {}, content.get("grid") or {}
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise SweepFileError(f"sweep file {path}: 'variants' must map names to objects of overrides")
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        raise SweepFileError(f"sweep file {path}: 'grid' must map dotted keys to non-empty lists")
+    if not variants and not grid:
+        raise SweepFileError(f"sweep file {path}: neither 'variants' nor 'grid' given: nothing to sweep")
+    return {"title": content.get("title") or Path(path).stem, "description": content.get("description", ""),
+            "variants": variants or None, "grid": grid}
+
+
+def cmd_sweep(args, settings_for) -> int:
+    """Run the sweep, write the comparison, print its table; exit 1 if a point did not complete."""
+    from nip_core.experiment import make_params
+    from nip_core.logging.comparison import collect, comparison_table, summary_rows, write_comparison
+    from nip_core.runs import RunStore, validate_run_id
+
+    spec = load_sweep_file(args.sweep_file)
+    if not (args.params or args.scenario):
+        raise SweepFileError("nipflow sweep: give the base experiment with --params FILE and/or --scenario")
+    base_params = make_params(args.scenario, args.trainer, params_file=args.params, overrides=args.overrides)
+    settings = settings_for(args, validate_run_id(args.sweep_id))
+    out = args.out or str(Path(settings.runs_dir) / f"{args.sweep_id}-comparison.md")
+    if Path(out).suffix != ".md":
+        raise SweepFileError(f"--out {out}: expected a markdown file name ending in .md")
+    started = time.monotonic()
+    rows = run_sweep_through_prefect(base_params, settings, spec)
+    wall = time.monotonic() - started
+    store = RunStore(settings.runs_dir)
+    labelled = [(row.get("variant") or _point_label(row, spec["grid"]), row["run_id"]) for row in rows]
+    command = "nipflow " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "nipflow sweep ..."
+    preamble = "\n".join([spec["description"], "",
+                          f"Produced by `{command}` in {wall / 60:.1f} min of wall time "
+                          f"({len(rows)} runs, sweep `{args.sweep_id}`).", ""])
+    path = write_comparison(store, labelled, out, title=spec["title"], preamble=preamble)
+    groups = collect(store, labelled)
+    if args.json:
+        print(json.dumps({"sweep_id": args.sweep_id, "wall_time_s": wall, "comparison": str(path),
+                          "groups": summary_rows(groups)}, indent=2))
+    else:
+        print(comparison_table(groups, text_runs=any(g.fine_tune_jobs for g in groups)))
+        print(f"comparison: {path}")
+    return 0 if all(row["state"] == "Completed" for row in rows) else 1
+
+
+def _point_label(row: dict[str, Any], grid: dict[str, list[Any]]) -> str:
+    """Without variants: the grid values other than the seed name the group."""
+    keys = [k for k in sorted(grid) if k != "seed"]
+    return ", ".join(f"{k}={row.get(k)}" for k in keys) or "all"
+
+
+def run_sweep_through_prefect(params, settings, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run the ``sweep`` flow for ``spec`` on top of ``params``/``settings``; return its rows."""
+    from flows.entry import experiment_parameters, in_local_prefect
+
+    def run() -> list[dict[str, Any]]:
+        from flows.sweep import sweep
+
+        base = experiment_parameters(params, settings)
+        state = sweep(base, spec["grid"], settings.run_id, dispatch="subflow", variants=spec["variants"],
+                      return_state=True)
+        if not state.is_completed():
+            raise NipflowError(f"sweep {settings.run_id}: flow run ended {state.name}: {state.message}")
+        return state.result()
+
+    return in_local_prefect(settings, run)
