@@ -121,8 +121,7 @@ def default_data_dir() -> str:
 class ExperimentSettings(BaseModel):
     """Options of one execution of an experiment.
 
-    Nothing here may change a training result (one documented exception:
-    ``num_rollout_workers >= 2`` shards the collection), everything that can belongs in
+    Nothing here may change a training result; everything that can belongs in
     ``HyperParameters``. Secrets are ``SecretStr`` and never serialised.
     """
 
@@ -151,10 +150,10 @@ class ExperimentSettings(BaseModel):
     local_api_server_dir: str | None = None
     num_rollout_workers: int = Field(
         0, ge=0, description="TensorDict RL trainers: collect the training batches in this many worker "
-                             "processes (0: in the trainer's process; CPU only; must divide the number of "
-                             "parallel environments). 1 gives bit-identical results to 0; with 2 or more each "
-                             "worker has its own seeded shard of the environments, so the batches, though "
-                             "deterministic, differ from those of 0 or 1 (nip_core/trainers/collectors.py)")
+                             "processes (0: in the trainer's process; CPU only; must divide "
+                             "rl.collection_shards). The workers only distribute the shards of "
+                             "rl.collection_shards: results are bit-identical for every worker count, and a "
+                             "run may be resumed with another one (nip_core/trainers/collectors.py)")
     test_run: bool = False
 
     @field_validator("device")

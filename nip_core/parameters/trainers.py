@@ -24,6 +24,14 @@ class RlTrainerParameters(ParamsModel):
     steps_per_env_per_iteration: int | None = Field(
         None, gt=0, description="TensorDict trainers: steps each parallel environment takes per iteration "
                                 "(None: the protocol's max_message_rounds).")
+    collection_shards: int = Field(
+        1, ge=1, description="TensorDict trainers: number of independent shards of the parallel episodes "
+                             "(contiguous slices), each with its own environment seed and action-sampling "
+                             "generator derived from (seed, shard). Part of the experiment: like "
+                             "frames_per_batch it changes the sample (settings.num_rollout_workers only "
+                             "distributes the shards and never changes results). Must divide the number of "
+                             "parallel environments (frames_per_batch / steps per environment); 1: a single "
+                             "stream from the trainer's own environment and global RNG.")
     num_iterations: int = Field(1000, ge=0, description="Training iterations (collect, then update or "
                                                         "fine-tune) of the RL and text trainers.")
     num_epochs: int = Field(4, gt=0, description="TensorDict trainers: passes over each iteration's batch "

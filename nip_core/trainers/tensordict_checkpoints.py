@@ -4,8 +4,9 @@ A checkpoint holds the model, the optimiser, the loss module's state (e.g. adapt
 coefficients), the observation normaliser, every RNG (torch, numpy, python, the
 environments' generators and data positions) and the carried-over episode state of the
 training environment, so that a run resumed from it produces the same batches and the
-same parameters as an uninterrupted one (with ``settings.num_rollout_workers >= 2`` also
-the RNG states of the collection shards, ``collector``).
+same parameters as an uninterrupted one (with ``rl.collection_shards >= 2`` also the
+environment and torch RNG states of the collection shards, ``collector``, whatever
+``settings.num_rollout_workers``: a run may be resumed with a different worker count).
 
 Across devices: :meth:`TensorDictCheckpointMixin.restore_checkpoint` loads with
 ``map_location=settings.device``, so a checkpoint written on a CUDA host loads on a
@@ -123,7 +124,7 @@ class TensorDictCheckpointMixin:
         self._base_env(self.train_env).set_rng_state(_to_cpu(state["train_env_rng"]))
         self._base_env(self.test_env).set_rng_state(_to_cpu(state["test_env_rng"]))
         self._carried_td = state["carried_td"]
-        # Worker collection with several shards (nip_core.trainers.collectors): their RNGs.
+        # Collection in several shards (nip_core.trainers.collectors): their RNGs.
         self.train_collector.load_state_dict(_to_cpu(state.get("collector")))
         self._memory_iteration = int(state["iteration"])
 

@@ -25,8 +25,9 @@ Other choices, documented:
   :func:`nip_core.environments.rollouts.collect_batch` (TorchRL's ``step_and_maybe_reset``
   loop) instead of ``torchrl.collectors.Collector``, whose carried-over episode
   tensordict is private: saving it is what makes resumes exact. Episodes straddle
-  iterations exactly as with the collector. ``settings.num_rollout_workers`` moves it
-  into worker processes.
+  iterations exactly as with the collector. ``rl.collection_shards`` splits the
+  episodes into independently seeded shards and ``settings.num_rollout_workers`` runs the
+  shards in worker processes without changing what is collected.
 * Observation normalisation (``rl.normalize_observations``): one scalar mean/std per key
   (``x``, ``message``) from random-action steps of the training environment, applied to
   the training *and* test environments through TorchRL ``ObservationNorm`` transforms
@@ -193,10 +194,12 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
     def _get_data_collectors(self) -> tuple[Any, Any]:
         """``(train_collector, test_collector)``, see :mod:`nip_core.trainers.collectors`.
 
-        The train collector runs in ``settings.num_rollout_workers`` worker processes
-        when that is positive; the test collector always runs in this process.
+        The train collector collects ``rl.collection_shards`` shards of the episodes, in
+        ``settings.num_rollout_workers`` worker processes when that is positive (the worker
+        count never changes results); the test collector always runs in this process.
         """
         train = make_collector(self.train_env, self.policy_operator, self.steps_per_env,
+                               num_shards=self.hyper_params.rl.collection_shards,
                                num_workers=self.settings.num_rollout_workers, seed=self.hyper_params.seed,
                                device=self.settings.device, precision=self.hyper_params.rl.precision,
                                attention_backends=self.attention_backends)
