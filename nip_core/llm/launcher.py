@@ -28,7 +28,7 @@ import nip_core
 from nip_core.utils.fileio import atomic_write_bytes, pid_alive
 from nip_core.llm.client import make_openai_client
 from nip_core.llm.errors import LocalServerError
-from nip_core.llm.server.cli import EXIT_LOCKED, read_server_file
+from nip_core.llm.server.server_files import EXIT_LOCKED, read_server_file
 from nip_core.llm.server.config import API_KEY_ENV, ENGINE_OPTIONS
 from nip_core.llm.server.control import terminate_pid
 from nip_core.llm.server.faults import FaultConfig

@@ -28,21 +28,16 @@ from pydantic import ValidationError
 
 from nip_core.llm.server.config import API_KEY_ENV, ENGINE_OPTIONS, ENGINES, ServerConfig
 from nip_core.llm.server.faults import FaultConfig
+from nip_core.llm.server.server_files import (  # noqa: F401 (re-exported: the cli's public names)
+    DEFAULT_PORT,
+    EXIT_LOCKED,
+    EXIT_USAGE,
+    LOCK_FILE,
+    SERVER_FILE,
+    default_data_dir,
+    read_server_file,
+)
 from nip_core.utils.fileio import atomic_write_bytes as atomic_write
-
-DEFAULT_PORT = 8765
-SERVER_FILE = "server.json"
-LOCK_FILE = "server.lock"
-EXIT_LOCKED = 3
-EXIT_USAGE = 2
-
-
-def default_data_dir() -> Path:
-    """``<data dir>/api_server``: the data directory of :func:`nip_core.settings.default_data_dir`."""
-    from nip_core.settings import default_data_dir as data_root
-
-    return Path(data_root()) / "api_server"
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -106,14 +101,6 @@ def _lock(data_dir: Path):
         handle.close()
         return None
     return handle
-
-
-def read_server_file(data_dir: Path) -> dict | None:
-    """The ``server.json`` record of a data directory, if readable."""
-    try:
-        return json.loads((Path(data_dir) / SERVER_FILE).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

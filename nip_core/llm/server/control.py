@@ -62,7 +62,7 @@ def terminate_pid(pid: int, timeout: float = 20.0) -> str:
 
 
 def _read_record(data_dir: Path) -> dict | None:
-    from nip_core.llm.server.cli import read_server_file
+    from nip_core.llm.server.server_files import read_server_file
 
     return read_server_file(data_dir)
 
@@ -133,7 +133,7 @@ def stop_main(argv: list[str]) -> int:
                   f"whose server.json records another server; nothing stopped", file=sys.stderr)
             return EXIT_USAGE
     else:
-        from nip_core.llm.server.cli import default_data_dir
+        from nip_core.llm.server.server_files import default_data_dir
 
         data_dir = (args.data_dir or default_data_dir()).absolute()
     result = stop_server(data_dir, timeout=args.timeout)
