@@ -43,3 +43,12 @@ def s3_endpoint(tmp_path_factory):
                     os.environ[k] = v
     finally:
         server.stop()
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (results and timings as on the calibrating runs), restored after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

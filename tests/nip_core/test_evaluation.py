@@ -30,11 +30,8 @@ from tests.nip_core.evaluation_helpers import (
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread(one_thread):
+    """Every test here on one torch thread (the shared fixture of tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

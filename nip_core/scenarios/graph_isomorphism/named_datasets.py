@@ -74,6 +74,7 @@ _TEST_CELLS = dict(graph_sizes=[7, 8], edge_probabilities=[0.5])
 
 # All non-isomorphic pairs of score 1 (see "easy" below).
 _EASY = dict(non_iso_prop_score_1=1.0, non_iso_prop_score_2=0.0)
+_WL_SMALL_CELLS = dict(graph_sizes=[7, 8, 9], edge_probabilities=[0.4, 0.6])
 
 #: name -> split -> config.
 NAMED_DATASETS: dict[str, dict[str, GraphIsomorphismDatasetConfig]] = {
@@ -86,6 +87,11 @@ NAMED_DATASETS: dict[str, dict[str, GraphIsomorphismDatasetConfig]] = {
     # non-isomorphic pair has WL score 1 (its two graphs already differ in their degree
     # multisets), the easiest class; half the isomorphic pairs reuse those graphs.
     "easy": {"train": _config(2_000, 7_000, **_EASY), "test": _config(500, 7_001, **_EASY)},
+    # Hard data that trains on a CPU: the original's Weisfeiler-Lehman quotas (10% of the
+    # non-isomorphic pairs with score 1, 20% with score 2, 70% above 2, matched degree
+    # multisets for all of those) on smaller graphs (7-9 nodes, p 0.4 or 0.6); generated in
+    # about a second.
+    "wl-small": {"train": _config(2_000, 7_100, **_WL_SMALL_CELLS), "test": _config(500, 7_101, **_WL_SMALL_CELLS)},
     "er1000": {"train": _config(1_000, 3_000), "test": _config(1_000, 3_001)},
     "er10000": {"train": _config(10_000, 4_000), "test": _config(1_000, 4_001)},
     "eru10000": {"train": _config(10_000, 5_000), "test": _config(1_000, 5_001)},
