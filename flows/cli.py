@@ -382,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["worker"]:  # every option is prefect worker start's
         return cmd_worker(argparse.Namespace(args=argv[1:]))
     args = parser.parse_args(argv)
+    args.command_line = argv  # what the user typed after `nipflow` (reports quote it)
     # A W&B service token inherited from a parent process (WANDB_SERVICE) would make this
     # process's runs live in the parent's W&B service: after a SIGKILL the run id stays
     # "in use" there and the resumed run cannot open it. Each nipflow process owns its own.

@@ -8,20 +8,20 @@ A sweep file is JSON::
      "grid": {"seed": [1, 2, 3]}}
 
 Every variant runs with every grid point, on top of the base experiment given like
-``nipflow run``'s (``--params FILE`` and/or ``--scenario``/``--trainer``, ``--set``), each point a ``train_experiment`` child
-flow run with its own run id ``<sweep-id>-<index>``. Without ``PREFECT_API_URL`` the flow
-runs against the temporary local server whose history ``nipflow ui`` shows, like
-``nipflow run``. Afterwards the comparison (mean ± std of the final verifier test accuracy
-per variant, every run's value, a plot beside it) is written to ``--out``, with the command line
-and the sweep's wall time. A re-run with the same sweep id continues: finished points
-are not trained again (their runs are complete in the run store).
+``nipflow run``'s (``--params FILE`` and/or ``--scenario``/``--trainer``, ``--set``); each
+point is a ``train_experiment`` child flow run with its own run id ``<sweep-id>-<index>``
+(points in the order variants x grid). Without ``PREFECT_API_URL`` the flow runs against
+the temporary local server whose history ``nipflow ui`` shows, like ``nipflow run``.
+Afterwards the comparison (mean ± std of the final verifier accuracy per variant, every
+run's value, a plot beside it) is written to ``--out``, with the command line and the
+sweep's wall time. Running a sweep again with the same id continues each point's run, as
+``nipflow run --run-id`` does.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -92,7 +92,7 @@ def cmd_sweep(args, settings_for) -> int:
     wall = time.monotonic() - started
     store = RunStore(settings.runs_dir)
     labelled = [(row.get("variant") or _point_label(row, spec["grid"]), row["run_id"]) for row in rows]
-    command = "nipflow " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "nipflow sweep ..."
+    command = "nipflow " + " ".join(shlex.quote(a) for a in args.command_line)
     preamble = "\n".join([spec["description"], "",
                           f"Produced by `{command}` in {wall / 60:.1f} min of wall time "
                           f"({len(rows)} runs, sweep `{args.sweep_id}`).", ""])
