@@ -21,8 +21,16 @@ def test_sigterm_raises_stop_requested_and_the_previous_handlers_come_back():
 
 
 def test_shield_ignores_a_second_signal_during_teardown():
-    with foreground_signals() as signals:
-        signals.shield()
-        os.kill(os.getpid(), signal.SIGHUP)  # ignored: no exception, the process lives on
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-    assert signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
+    # A known previous handler: under `nohup` the inherited SIGHUP disposition is already SIG_IGN.
+    def previous(signum, frame):
+        raise AssertionError("the shield should have ignored the signal")
+
+    original = signal.signal(signal.SIGHUP, previous)
+    try:
+        with foreground_signals() as signals:
+            signals.shield()
+            os.kill(os.getpid(), signal.SIGHUP)  # ignored: no exception, the process lives on
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGHUP) is previous  # restored after the block
+    finally:
+        signal.signal(signal.SIGHUP, original)
