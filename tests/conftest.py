@@ -12,6 +12,17 @@ os.environ.setdefault("NIPFLOW_LEASE_TTL_S", "5")
 for _var in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "PREFECT_API_URL"):
     os.environ.pop(_var, None)
 
+# A suite started as a background job of a non-interactive shell (`cmd &`) inherits SIGINT
+# ignored, and one under `nohup` SIGHUP: Python then installs no KeyboardInterrupt handler, and
+# the children the tests start (servers, workers, runs) inherit the ignored signals. The Ctrl-C
+# and hang-up tests need the defaults; a Python handler is reset to the default on exec.
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
