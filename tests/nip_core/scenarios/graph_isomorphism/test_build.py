@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
@@ -52,14 +51,6 @@ def test_solo_scenario_has_no_environment(data_dir):
     instance = build_scenario_instance(hp, settings, trainer_type="solo_agent")
     assert instance.train_environment is None
     assert set(instance.extras["combined_agents"].solo_head) == {"prover", "verifier"}
-
-
-@pytest.fixture
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_build_trainer_trains_and_resumes_through_the_run_store(tmp_path, data_dir, one_thread):
