@@ -268,7 +268,8 @@ class Probe:
 
 def experiment_parameters(kind: tuple[str, str], run_id: str, runs_dir: Path, seed: int, overrides: list[str],
                           block_size: int | None, settings: dict[str, Any]):
-    from flows.parameters import DEFAULT_BLOCK_SIZE, ExperimentParameters
+    from flows.form_fields import DEFAULT_BLOCK_SIZE
+    from flows.parameters import ExperimentParameters
 
     return ExperimentParameters(scenario=kind[0], trainer=kind[1], run_id=run_id, runs_dir=str(runs_dir),
                                 seed=seed, overrides=overrides, block_size=block_size or DEFAULT_BLOCK_SIZE,

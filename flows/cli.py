@@ -2,24 +2,29 @@
 
 ``nipflow run`` drives the Prefect flow by default (``--direct`` runs the trainer
 in-process); ``params``, ``status``, ``report`` and ``api-server`` only use nip_core.
-Bad input exits with status 2 and one clear line on stderr, never a traceback or a prompt.
+Bad input exits with status 2 and one line on stderr naming the option, never a traceback
+or a prompt: argparse's errors are one line (:class:`nip_core.utils.cli_args.ArgumentParser`),
+and every command checks its inputs (:mod:`flows.cli_inputs`) before it starts or writes
+anything. ``run``, ``resume`` and ``sweep`` stop on SIGTERM and SIGHUP as on Ctrl-C and
+exit 128 + the signal's number (:func:`flows.signals.stop_like_ctrl_c`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 from typing import Sequence
 
+from flows.cli_inputs import UsageError, check_location, check_runs_dir
 from nip_core.errors import NipflowError
 from nip_core.parameters import ParameterError
+from nip_core.utils.cli_args import ArgumentParser, host, non_negative_int, port
 
-
-class UsageError(Exception):
-    """Bad command-line input (exit status 2)."""
+__all__ = ["UsageError", "build_parser", "main"]
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -28,14 +33,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-wandb", action="store_true", help="do not log to Weights & Biases")
     p.add_argument("--device", default=None, help="torch device for TensorDict trainers (cpu, cuda, cuda:1)")
     p.add_argument("--progress", choices=["auto", "on", "off"], default="auto")
-    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+    p.add_argument("--checkpoint-every", type=non_negative_int, default=None, metavar="N",
                    help="TensorDict trainers: checkpoint every N iterations (default 10)")
     p.add_argument("--json", action="store_true",
                    help="print only the result card, as JSON, on stdout (not the card and the run id)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nipflow", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="nipflow", description=__doc__.split("\n\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -106,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ui = sub.add_parser("ui", help="the Prefect UI on the flow history of local runs (<runs_dir>/.prefect)")
     ui.add_argument("--runs-dir", help="the local run store (default ./runs or $NIPFLOW_RUNS_DIR)")
-    ui.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
-    ui.add_argument("--port", type=int, default=4200, metavar="P", help="API and UI port (default 4200)")
+    ui.add_argument("--host", type=host, default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    ui.add_argument("--port", type=port, default=4200, metavar="P", help="API and UI port (default 4200)")
 
     worker = sub.add_parser("worker", help="prefect worker start ARGS, stopped by one SIGTERM (docs/deployment.md)",
                             add_help=False)
@@ -116,27 +121,29 @@ def build_parser() -> argparse.ArgumentParser:
     prefect = sub.add_parser("prefect", help="Prefect set-up (work pools, limits, automations)")
     prefect_sub = prefect.add_subparsers(dest="prefect_command", required=True)
     setup = prefect_sub.add_parser("setup")
-    setup.add_argument("--gpus", type=int, default=1, help="size of the 'gpu' tag concurrency limit")
+    setup.add_argument("--gpus", type=non_negative_int, default=1,
+                       help="size of the 'gpu' tag concurrency limit (0: a machine without GPUs)")
     server = prefect_sub.add_parser("server", help="prefect server start on PostgreSQL (docs/deployment.md)")
     server.add_argument("--data-dir", default="prefect-server", metavar="D",
                         help="holds the PostgreSQL cluster (D/postgres) and PREFECT_HOME (D/prefect-home)")
-    server.add_argument("--host", default="127.0.0.1", help="address the API listens on (0.0.0.0: all)")
-    server.add_argument("--port", type=int, default=4200, metavar="P", help="API and UI port (default 4200)")
-    server.add_argument("--pg-port", type=int, metavar="Q", help="PostgreSQL port (default: a free one)")
+    server.add_argument("--host", type=host, default="127.0.0.1", help="address the API listens on (0.0.0.0: all)")
+    server.add_argument("--port", type=port, default=4200, metavar="P", help="API and UI port (default 4200)")
+    server.add_argument("--pg-port", type=port, metavar="Q", help="PostgreSQL port (default: a free one)")
     server.add_argument("--database-url", metavar="URL",
                         help="an existing PostgreSQL database (postgresql+asyncpg://...) instead of a cluster")
     return parser
 
 
 def _settings(args, run_id: str | None):
-    from nip_core.settings import ExperimentSettings
+    """The settings of ``run``/``resume``/``sweep``, checked: a bad option is a UsageError naming it."""
+    from flows.cli_inputs import check_device_here, make_settings
 
     values = {"run_id": run_id}
-    if getattr(args, "runs_dir", None):
+    if getattr(args, "runs_dir", None) is not None:
         values["runs_dir"] = args.runs_dir
     if getattr(args, "no_wandb", False):
         values["use_wandb"] = False
-    if getattr(args, "device", None):
+    if getattr(args, "device", None) is not None:
         values["device"] = args.device
     if getattr(args, "checkpoint_every", None) is not None:
         values["checkpoint_every"] = args.checkpoint_every
@@ -144,30 +151,41 @@ def _settings(args, run_id: str | None):
     values["show_progress"] = None if progress == "auto" else progress == "on"
     if getattr(args, "on_params_mismatch", None):
         values["on_params_mismatch"] = args.on_params_mismatch
-    return ExperimentSettings(**values)
+    settings = make_settings(values)
+    check_runs_dir(args, settings.runs_dir, write=True)
+    check_device_here(settings.device)
+    return settings
 
 
 def cmd_run(args) -> int:
+    from flows.cli_inputs import check_dataset, check_params_match
     from nip_core.experiment import make_params, new_run_id
     from nip_core.runs import validate_run_id
 
     params = make_params(args.scenario, args.trainer, protocol=args.protocol, dataset=args.dataset,
                          params_file=args.params, overrides=args.overrides)
-    run_id = validate_run_id(args.run_id) if args.run_id else new_run_id(params)
+    run_id = validate_run_id(args.run_id) if args.run_id is not None else new_run_id(params)
     settings = _settings(args, run_id)
+    check_dataset(params, settings.data_dir)
+    check_params_match(settings, params)  # before Prefect starts: the flow would refuse it too
     return _execute(params, settings, direct=args.direct, as_json=args.json)
 
 
 def cmd_resume(args) -> int:
     from nip_core.runs import RunStore
 
-    settings = _settings(args, args.run_id)
+    from nip_core.runs import validate_run_id
+
+    settings = _settings(args, validate_run_id(args.run_id))
     if args.from_wandb is not None or args.wandb_dir:
-        from nip_core.runs import validate_run_id
+        from flows.cli_inputs import check_wandb_path
         from nip_core.runs.wandb_restore import restore_from_offline_dir, restore_from_wandb
 
+        check_wandb_path(args.from_wandb)
         store = RunStore(settings.runs_dir)
-        validate_run_id(args.run_id)
+        if store.exists(args.run_id):
+            raise UsageError(f"--{'wandb-dir' if args.wandb_dir else 'from-wandb'}: run {args.run_id!r} exists in "
+                             f"{settings.runs_dir}: nothing to restore (`nipflow resume {args.run_id}` continues it)")
         if args.wandb_dir:
             restored = restore_from_offline_dir(store, args.run_id, args.wandb_dir)
         else:
@@ -210,6 +228,7 @@ def _execute(params, settings, direct: bool, as_json: bool = False) -> int:
 
 def _train_direct(params, settings) -> None:
     """``Trainer.train()`` in this process, holding the run's lease, recording the invocation."""
+    from flows.signals import shield_active_stop
     from nip_core.logging.result_card import begin_invocation, end_invocation, outcome_of
     from nip_core.trainers import build_trainer
 
@@ -225,6 +244,7 @@ def _train_direct(params, settings) -> None:
         trainer.train()
     except BaseException as e:
         outcome = outcome_of(e)
+        shield_active_stop()  # preempted or failed: a signal must not cut the records below short
         raise
     finally:
         if index is not None:
@@ -277,10 +297,9 @@ def _print_card(settings, as_json: bool, status: str | None = None, message: str
 
 def cmd_status(args) -> int:
     from nip_core.runs import RunStore
-    from nip_core.settings import default_runs_dir
     from nip_core.status import format_status, run_status
 
-    info = run_status(RunStore(args.runs_dir or default_runs_dir()), args.run_id)
+    info = run_status(RunStore(check_runs_dir(args)), args.run_id)
     print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_status(info))
     return 0
 
@@ -306,19 +325,32 @@ def cmd_params(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from flows.cli_inputs import check_output_path
     from nip_core.logging.report import write_report
-    from nip_core.settings import default_runs_dir
+    from nip_core.runs import validate_run_id
 
-    out = write_report(args.run_id, runs_dir=args.runs_dir or default_runs_dir(), out_dir=args.out)
+    runs_dir = check_runs_dir(args)
+    for run_id in args.run_id:
+        validate_run_id(run_id)
+    if args.out is not None:
+        check_output_path(args.out, "--out", directory=True)
+    out = write_report(args.run_id, runs_dir=runs_dir, out_dir=args.out)
     print(out)
     return 0
 
 
 def cmd_evaluate(args) -> int:
+    from pathlib import Path
+
+    from flows.cli_inputs import check_device_here
     from nip_core.evaluation import evaluate_run, format_evaluation
 
-    result = evaluate_run(args.run_id, args.dataset_file, runs_dir=args.runs_dir, mode=args.mode,
-                          device=args.device)
+    runs_dir = check_runs_dir(args)
+    if not Path(args.dataset_file).is_file():
+        what = "is a directory" if Path(args.dataset_file).is_dir() else "raw data file does not exist"
+        raise UsageError(f"--dataset-file {args.dataset_file}: {what}")
+    check_device_here(args.device)
+    result = evaluate_run(args.run_id, args.dataset_file, runs_dir=runs_dir, mode=args.mode, device=args.device)
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_evaluation(result))
     return 0
 
@@ -332,24 +364,33 @@ def cmd_api_server(args) -> int:
 def cmd_ui(args) -> int:
     from flows.local_ui import serve_ui
     from flows.prefect_pg_server import PrefectServerError
-    from nip_core.settings import default_runs_dir
 
+    runs_dir = check_runs_dir(args)
     try:
-        return serve_ui(args.runs_dir or default_runs_dir(), host=args.host, port=args.port)
+        return serve_ui(runs_dir, host=args.host, port=args.port)
     except PrefectServerError as e:
         raise UsageError(str(e)) from e
 
 
 def cmd_worker(args) -> int:
+    from flows.cli_inputs import check_worker_args
     from flows.worker import run_worker
 
+    check_worker_args(args.args)
     return run_worker(args.args)
 
 
 def cmd_prefect(args) -> int:
     if args.prefect_command == "server":
-        from flows.prefect_pg_server import PrefectServerError, serve
+        from flows.prefect_pg_server import PrefectServerError, asyncpg_url, serve
 
+        if args.database_url is not None:
+            try:
+                asyncpg_url(args.database_url)
+            except PrefectServerError as e:
+                raise UsageError(f"--database-url: {e}") from None
+        else:
+            check_location(args.data_dir, "--data-dir", write=True)
         try:
             return serve(args.data_dir, host=args.host, port=args.port, pg_port=args.pg_port,
                          database_url=args.database_url)
@@ -366,6 +407,11 @@ def cmd_sweep(args) -> int:
 
     if args.direct:
         raise UsageError("nipflow sweep runs its points as Prefect flow runs: --direct is not available")
+    from flows.cli_inputs import check_output_path, check_sweep_points
+
+    if args.out is not None:
+        check_output_path(args.out, "--out", directory=False)
+    check_sweep_points(args)
     return run_sweep(args, _settings)
 
 
@@ -374,13 +420,17 @@ COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "resume": cmd_resume, "status": 
             "evaluate": cmd_evaluate, "ui": cmd_ui, "worker": cmd_worker}
 
 
+#: Commands that stop on SIGTERM and SIGHUP as on Ctrl-C (flows.signals.stop_like_ctrl_c).
+STOPPABLE = ("run", "resume", "sweep")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["api-server"]:
         return cmd_api_server(argparse.Namespace(args=argv[1:]))
     if argv[:1] == ["worker"]:  # every option is prefect worker start's
-        return cmd_worker(argparse.Namespace(args=argv[1:]))
+        return _report_errors(cmd_worker, argparse.Namespace(args=argv[1:]))
     args = parser.parse_args(argv)
     args.command_line = argv  # what the user typed after `nipflow` (reports quote it)
     # A W&B service token inherited from a parent process (WANDB_SERVICE) would make this
@@ -392,21 +442,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:  # one INFO line per HTTP request drowns the progress bars
         for noisy in ("httpx", "httpx2", "httpcore", "openai"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    from flows.signals import stop_like_ctrl_c
+
+    with stop_like_ctrl_c() if args.command in STOPPABLE else contextlib.nullcontext() as stop:
+        try:
+            return _report_errors(COMMANDS[args.command], args)
+        finally:
+            if stop is not None:
+                stop.shield()  # a second signal must not cut the clean-up short
+            _release_llm_servers()
+
+
+def _report_errors(command, args) -> int:
+    """Run ``command(args)``; its input errors, a preemption or a stop become a line and an exit status.
+
+    Only errors that name bad input or a state the user can act on (``NipflowError``,
+    ``ParameterError``, ``UsageError``) are turned into ``nipflow: error: ...`` and status 2;
+    anything else is a bug and keeps its traceback. Ctrl-C exits 130, SIGTERM 143 and
+    SIGHUP 129 (128 + the signal's number, as a shell reports a process the signal killed).
+    """
     from nip_core.trainers.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
 
     try:
-        return COMMANDS[args.command](args)
+        return command(args)
     except TrainingPreempted as e:  # checkpointed: `nipflow resume` continues exactly
         print(f"nipflow: {e}", file=sys.stderr)
         return PREEMPTED_EXIT_CODE
     except (ParameterError, NipflowError, UsageError) as e:
         print(f"nipflow: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("nipflow: interrupted", file=sys.stderr)
-        return 130
-    finally:
-        _release_llm_servers()
+    except KeyboardInterrupt as e:
+        status = getattr(e, "exit_status", 130)
+        print("nipflow: interrupted" if status == 130 else f"nipflow: {e}", file=sys.stderr, flush=True)
+        return status
 
 
 def _release_llm_servers() -> None:

@@ -117,7 +117,7 @@ def _without_local_heartbeats(fn: Callable[[], T]) -> T:
 def _run(params: HyperParameters, settings: ExperimentSettings) -> dict[str, Any]:
     from flows.experiment import train_experiment
 
-    state = train_experiment(experiment_parameters(params, settings), return_state=True)
+    state = train_experiment(**experiment_parameters(params, settings).flow_parameters(), return_state=True)
     if not state.is_completed():
         raise FlowRunFailedError(f"run {settings.run_id}: flow run ended {state.name}: {state.message}")
     return state.result()

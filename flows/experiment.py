@@ -11,9 +11,11 @@ dispatches on the trainer's interface:
   :mod:`flows.rl_blocks`;
 * any other trainer runs ``train()`` as a single task.
 
-The one parameter, ``parameters``, defaults to an empty form: a deployment's parameters
-can then be edited and saved in the UI, and a run without a scenario or trainer fails
-with an error naming ``parameters.scenario``/``parameters.trainer``.
+Each field of :class:`~flows.parameters.ExperimentParameters` is a top-level flow
+parameter (Prefect merges a run's parameters with its deployment's one top-level key at a
+time), every one optional: a deployment's parameters can then be edited and saved in the
+UI, and a run without a scenario or trainer fails with an error naming
+``parameters.scenario``/``parameters.trainer``.
 """
 
 from __future__ import annotations
@@ -24,18 +26,44 @@ from prefect import flow, get_run_logger, task
 
 from flows.leases import driving
 from flows.observability import reporting
+from flows.form_fields import (
+    DEFAULT_BLOCK_SIZE,
+    BlockSizeField,
+    DatasetField,
+    DeviceField,
+    FramesPerBatchField,
+    NumIterationsField,
+    OnParamsMismatchField,
+    OverridesField,
+    ParamsField,
+    ProtocolField,
+    ProverModelField,
+    RolloutsField,
+    RunIdField,
+    RunsDirField,
+    ScenarioField,
+    SeedField,
+    SettingsOverridesField,
+    TrainerField,
+    UseWandbField,
+    VerifierModelField,
+    WaitModeField,
+    WarmStartFromField,
+    described_by,
+)
 from flows.parameters import ExperimentParameters, RunSpec
 from flows.pure_text import run_pure_text
 from flows.rl_blocks import run_tensordict
 from flows.run_history import experiment_name, mark_completed
 from flows.trainer_access import build_flow_trainer, open_trainer, remember_trainer
+from nip_core.settings import AUTO_DEVICE
 from nip_core.trainers.interfaces import IterationTrainer, StagedTrainer
 from tasks.trainers import release_trainer, task_trainer
 
 # ``build_flow_trainer`` is re-exported for the flows that resume a run from its stored
 # parameters (:mod:`flows.watcher`); the rest of :mod:`flows.trainer_access` is imported
 # from there.
-__all__ = ["build_flow_trainer", "run_trainer", "train_experiment", "train_whole", "trainer_kind"]
+__all__ = ["build_flow_trainer", "run_experiment", "run_trainer", "train_experiment", "train_whole", "trainer_kind"]
 
 
 def trainer_kind(trainer: Any) -> str:
@@ -73,13 +101,44 @@ def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any
 
 
 @flow(name="train_experiment", persist_result=True)
-def train_experiment(parameters: ExperimentParameters = ExperimentParameters()) -> dict[str, Any]:
-    """Train one experiment (new or resumed) described by ``parameters``.
+@described_by(ExperimentParameters)
+def train_experiment(
+    scenario: ScenarioField = None,
+    trainer: TrainerField = None,
+    protocol: ProtocolField = None,
+    dataset: DatasetField = None,
+    num_iterations: NumIterationsField = None,
+    seed: SeedField = None,
+    frames_per_batch: FramesPerBatchField = None,
+    rollouts_per_iteration: RolloutsField = None,
+    prover_model: ProverModelField = None,
+    verifier_model: VerifierModelField = None,
+    params: ParamsField = None,
+    overrides: OverridesField = None,
+    run_id: RunIdField = None,
+    runs_dir: RunsDirField = None,
+    device: DeviceField = AUTO_DEVICE,
+    use_wandb: UseWandbField = False,
+    block_size: BlockSizeField = DEFAULT_BLOCK_SIZE,
+    wait_mode: WaitModeField = "auto",
+    on_params_mismatch: OnParamsMismatchField = "refuse",
+    warm_start_from: WarmStartFromField = None,
+    settings_overrides: SettingsOverridesField = None,
+) -> dict[str, Any]:
+    """Train one experiment (new or resumed).
 
-    ``parameters`` defaults to an empty form (never changed by a run, so one shared
-    default is safe): with neither a scenario nor a trainer the run fails at once with a
-    ``ParameterError`` naming ``parameters.scenario``/``parameters.trainer``.
+    Every field of the form is a flow parameter of its own, so that a run's parameters
+    merge with its deployment's field by field (``prefect deployment run
+    'train_experiment/nip-gi-ppo' --param run_id=gi-1``). All are optional, so that a
+    deployment can be edited and saved in the UI: a run with neither a scenario nor a
+    trainer fails at once with a ``ParameterError`` naming ``parameters.scenario`` /
+    ``parameters.trainer``.
     """
+    return run_experiment(ExperimentParameters.from_flow_parameters(locals()))
+
+
+def run_experiment(parameters: ExperimentParameters) -> dict[str, Any]:
+    """The body of :func:`train_experiment` (also run by ``scheduled_retraining`` in its own flow run)."""
     trainer = open_trainer(parameters)
     try:
         # one driver per run, on any number of hosts; the result card at the end, however it ends

@@ -9,11 +9,20 @@ a block whose parent lost the lease (another driver took the run over) fails at 
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from nip_core.runs.lock import RunLock
+
+log = logging.getLogger(__name__)
+
+
+#: seconds a flow run waits, at most, for the claim of an earlier attempt of itself to end
+#: (an RL block that attempt started may still be training under it)
+PREDECESSOR_WAIT_S = 6 * 3600.0
 
 
 @contextmanager
@@ -25,12 +34,21 @@ def driving(trainer: Any, claim: dict[str, Any] | None = None) -> Iterator[RunLo
     otherwise takes the lease, waiting for an expired holder's claim to lapse. A newly
     taken lease is followed by a re-read of the trainer's state (the trainer was built
     before; a previous driver may have moved the run on meanwhile).
+
+    Inside a flow run, the claim names the flow run. A flow run that runs again after its
+    host died (rescheduled by the crash automation, same flow-run id) may find its earlier
+    attempt's claim still renewed: by an RL block that attempt started, which joined the
+    claim and trains on. It waits for that claim to end (up to :data:`PREDECESSOR_WAIT_S`)
+    instead of failing after 1.5 ttl as it would for another driver; the block it then
+    asks for again is the same flow run, done (:func:`flows.rl_blocks.block_idempotency_key`).
     """
     lock = trainer.run.lock
     reentered = lock.held
     if not reentered and claim:
         lock.join(str(claim["owner"]), int(claim["generation"]))
     else:
+        if not reentered:
+            _wait_for_predecessor(lock)
         lock.acquire()
     if not reentered:
         trainer.reload_state()
@@ -38,3 +56,24 @@ def driving(trainer: Any, claim: dict[str, Any] | None = None) -> Iterator[RunLo
         yield lock
     finally:
         lock.release()
+
+
+def _wait_for_predecessor(lock: RunLock) -> None:
+    from prefect.runtime import flow_run
+
+    this_run = flow_run.id
+    if not this_run:
+        return
+    lock.describe["flow_run_id"] = str(this_run)
+    deadline = time.monotonic() + PREDECESSOR_WAIT_S
+    logged = False
+    while time.monotonic() < deadline:
+        view = lock.view()
+        if view.expired(lock.clock()) or view.holder.get("flow_run_id") != str(this_run):
+            return
+        if not logged:
+            log.info("run %s: the lease is held under an earlier attempt of this flow run (generation %d; an RL "
+                     "block it started may still be training): waiting for that claim to end", lock.run_id,
+                     view.generation)
+            logged = True
+        time.sleep(min(lock.ttl_s / 6.0, 10.0))

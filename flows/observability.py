@@ -25,6 +25,7 @@ import contextlib
 import logging
 import math
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -286,12 +287,14 @@ def publish_result_card(trainer: Any, status: str | None = None, message: str | 
 
 def outcome_of(error: BaseException) -> tuple[str, str | None]:
     """``(status, message)`` of an invocation that ended with ``error``."""
-    from prefect.exceptions import Pause
+    from prefect.exceptions import Pause, TerminationSignal
 
     from nip_core.logging import result_card
 
     if isinstance(error, Pause):
         return "suspended", "waiting (suspended flow run); it resumes when its fine-tune jobs finish"
+    if isinstance(error, TerminationSignal):  # Prefect's form of SIGTERM in a flow run: stopped, like Ctrl-C
+        return "interrupted", f"stopped by {signal.Signals(error.signal).name}"
     return result_card.outcome_of(error)
 
 

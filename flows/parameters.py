@@ -7,62 +7,56 @@ JSON schema (``propertyNames``) makes a server that enforces deployment paramete
 reject them before it stores the run. Flows take the key from the worker instead
 (:mod:`flows.secret_blocks`).
 
-The form of ``train_experiment`` is typed throughout: scenario, trainer, protocol and
-dataset are enums built from the registries when this module is imported (so the UI
-shows dropdowns), the everyday knobs are typed fields, and ``params`` is the whole
+The form of ``train_experiment`` is typed throughout (:mod:`flows.form_fields`): scenario,
+trainer, protocol and dataset are enums built from the registries (so the UI shows
+dropdowns), the everyday knobs are typed fields, and ``params`` is the whole
 ``HyperParameters`` tree as a nested form in which every field is optional
 (:func:`nip_core.parameters.partial.partial_model`); a plain dict still validates into it.
+Each field is a top-level flow parameter of the flows that take it;
+:class:`ExperimentParameters` gathers them (:meth:`ExperimentParameters.from_flow_parameters`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, get_args
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from flows.form_fields import (
+    DATASETS_BY_SCENARIO,
+    DEFAULT_BLOCK_SIZE,
+    NO_SECRET_KEYS_SCHEMA,
+    BlockSizeField,
+    DatasetField,
+    DeviceField,
+    FramesPerBatchField,
+    NumIterationsField,
+    OnParamsMismatchField,
+    OverridesField,
+    ParamsField,
+    PartialHyperParameters,
+    ProtocolField,
+    ProverModelField,
+    RolloutsField,
+    RunIdField,
+    RunsDirField,
+    ScenarioField,
+    SeedField,
+    SettingsOverridesField,
+    TrainerField,
+    UseWandbField,
+    VerifierModelField,
+    WaitModeField,
+    WarmStartFromField,
+)
 from flows.secret_blocks import SECRET_SETTINGS_FIELDS, secret_parameter_error, with_secrets
 from nip_core.errors import NipflowError
 from nip_core.experiment import DEFAULT_DATASETS, new_run_id
-from nip_core.parameters import HyperParameters, ParameterError, ScenarioType, apply_overrides
-from nip_core.parameters.partial import partial_model
-from nip_core.protocols import PROTOCOL_HANDLER_REGISTRY, get_protocol_handler_class  # registers them all
+from nip_core.parameters import HyperParameters, ParameterError, apply_overrides
+from nip_core.protocols import get_protocol_handler_class
 from nip_core.runs import validate_run_id
-from nip_core.scenarios.code_validation.dataset import dataset_names as code_validation_dataset_names
-from nip_core.scenarios.graph_isomorphism.named_datasets import NAMED_DATASETS
-from nip_core.settings import AUTO_DEVICE, DEVICE_DESCRIPTION, ExperimentSettings, check_device_name
-from nip_core.trainers.registry import UnknownTrainerError, registered_trainer_names, trainer_kind
-
-WaitMode = Literal["auto", "poll", "suspend"]
-
-# -- the dropdowns of the form, built from the registries when this module is imported ----
-
-#: scenario names (those ``HyperParameters.scenario`` accepts)
-SCENARIO_NAMES: tuple[str, ...] = tuple(get_args(ScenarioType))
-#: registered trainers (importing the registry's catalogue registers the built-ins)
-TRAINER_NAMES: tuple[str, ...] = tuple(registered_trainer_names())
-#: registered interaction protocols (any scenario)
-PROTOCOL_NAMES: tuple[str, ...] = tuple(sorted({name for name, _ in PROTOCOL_HANDLER_REGISTRY}))
-#: scenario -> the datasets it can load by name
-DATASETS_BY_SCENARIO: dict[str, tuple[str, ...]] = {
-    "graph_isomorphism": tuple(sorted(NAMED_DATASETS)),
-    "code_validation": tuple(code_validation_dataset_names()),
-}
-#: every dataset of the form (the form cannot depend on the scenario chosen)
-DATASET_NAMES: tuple[str, ...] = tuple(sorted({n for names in DATASETS_BY_SCENARIO.values() for n in names}))
-
-ScenarioName = Literal[SCENARIO_NAMES]  # type: ignore[valid-type]
-TrainerName = Literal[TRAINER_NAMES]  # type: ignore[valid-type]
-ProtocolName = Literal[PROTOCOL_NAMES]  # type: ignore[valid-type]
-DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]
-
-#: every field of ``HyperParameters`` optional (nested groups too), same types and descriptions
-PartialHyperParameters = partial_model(HyperParameters)
-
-#: the block size of TensorDict trainers when the form leaves it alone
-DEFAULT_BLOCK_SIZE = 10
-
-# JSON schema of a settings mapping: names of secret fields are not allowed as keys.
-NO_SECRET_KEYS_SCHEMA = {"propertyNames": {"not": {"enum": sorted(SECRET_SETTINGS_FIELDS)}}}
+from nip_core.settings import AUTO_DEVICE, ExperimentSettings, check_device_name
+from nip_core.trainers.registry import UnknownTrainerError, trainer_kind
 
 
 class MissingParameterError(NipflowError):
@@ -168,48 +162,27 @@ class ExperimentParameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # inputs may hold a secret
 
-    scenario: Optional[ScenarioName] = Field(None, description="the task the agents learn (graph isomorphism or "
-                                             "code validation); empty: params.scenario")
-    trainer: Optional[TrainerName] = Field(None, description="the training algorithm; TensorDict trainers "
-                                           "(vanilla_ppo, spg, reinforce) and solo_agent train graph "
-                                           "isomorphism, text trainers (pure_text_*) code validation")
-    protocol: Optional[ProtocolName] = Field(None, description="the interaction protocol (who speaks when, who "
-                                             "is paid for what); empty: params.interaction_protocol, else nip")
-    dataset: Optional[DatasetName] = Field(None, description="a named dataset of the chosen scenario (" + "; ".join(
-        f"{scenario}: {', '.join(names)}" for scenario, names in DATASETS_BY_SCENARIO.items())
-        + "); empty: the scenario's default")
-    num_iterations: Optional[int] = Field(None, ge=0, description="training iterations (rl.num_iterations; "
-                                          "solo_agent: solo_agent.num_epochs)")
-    seed: Optional[int] = Field(None, ge=0, lt=2**63, description="random seed of the experiment (seed)")
-    frames_per_batch: Optional[int] = Field(None, gt=0, description="TensorDict trainers: environment steps "
-                                            "collected per iteration (rl.frames_per_batch)")
-    rollouts_per_iteration: Optional[int] = Field(None, gt=0, description="text trainers: datapoints rolled out "
-                                                  "per iteration (rl.rollouts_per_iteration)")
-    prover_model: Optional[str] = Field(None, min_length=1, description="code validation: model name of every "
-                                        "prover of the protocol (agents.<prover>.model_name)")
-    verifier_model: Optional[str] = Field(None, min_length=1, description="code validation: model name of "
-                                          "the verifier (agents.verifier.model_name)")
-    params: PartialHyperParameters = Field(  # type: ignore[valid-type]
-        default_factory=PartialHyperParameters,
-        description="any HyperParameters fields (nested); the fields above and overrides take precedence")
-    overrides: list[str] = Field(default_factory=list, description="dotted overrides KEY=VALUE, applied last "
-                                 "(e.g. rl.lr=0.001)")
-    run_id: Optional[str] = Field(None, description="continue this run (a new id is made when empty)")
-    runs_dir: Optional[str] = Field(None, description="run store location: a path or an fsspec URL")
-    device: str = Field(AUTO_DEVICE, description=DEVICE_DESCRIPTION)
-    use_wandb: bool = Field(False, description="log metrics to Weights & Biases")
-    block_size: int = Field(DEFAULT_BLOCK_SIZE, gt=0, description="TensorDict trainers: iterations per RL block "
-                            "flow run (one GPU task each)")
-    wait_mode: WaitMode = Field("auto", description="fine-tune waits: poll in-process, or suspend the "
-                                                    "flow run (auto: suspend when deployed)")
-    on_params_mismatch: Literal["refuse", "warn", "force"] = Field(
-        "refuse", description="when run_id exists with other hyper-parameters: refuse, warn and continue, "
-                              "or force the new ones")
-    warm_start_from: Optional[str] = Field(None, description="run id whose final models to start from")
-    settings_overrides: dict[str, Any] = Field(default_factory=dict, description="other ExperimentSettings fields "
-                                               "(data_dir, openai_base_url, fine_tune_poll_interval_s ...); "
-                                               "never secrets (the API key comes from the worker)",
-                                               json_schema_extra=NO_SECRET_KEYS_SCHEMA)
+    scenario: ScenarioField = None
+    trainer: TrainerField = None
+    protocol: ProtocolField = None
+    dataset: DatasetField = None
+    num_iterations: NumIterationsField = None
+    seed: SeedField = None
+    frames_per_batch: FramesPerBatchField = None
+    rollouts_per_iteration: RolloutsField = None
+    prover_model: ProverModelField = None
+    verifier_model: VerifierModelField = None
+    params: ParamsField = Field(default_factory=PartialHyperParameters)
+    overrides: OverridesField = Field(default_factory=list)
+    run_id: RunIdField = None
+    runs_dir: RunsDirField = None
+    device: DeviceField = AUTO_DEVICE
+    use_wandb: UseWandbField = False
+    block_size: BlockSizeField = DEFAULT_BLOCK_SIZE
+    wait_mode: WaitModeField = "auto"
+    on_params_mismatch: OnParamsMismatchField = "refuse"
+    warm_start_from: WarmStartFromField = None
+    settings_overrides: SettingsOverridesField = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -238,10 +211,39 @@ class ExperimentParameters(BaseModel):
             value = {**value, "agents": agents}
         return value
 
+    @field_validator("overrides", "settings_overrides", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any, info) -> Any:
+        # a flow parameter left empty (``null``) is the empty list or mapping
+        if value is None:
+            return [] if info.field_name == "overrides" else {}
+        return value
+
     @field_validator("settings_overrides")
     @classmethod
     def _no_secret_settings(cls, value: dict[str, Any]) -> dict[str, Any]:
         return refuse_secret_keys(value, "settings_overrides")
+
+    @classmethod
+    def from_flow_parameters(cls, values: dict[str, Any]) -> "ExperimentParameters":
+        """The fields among a flow run's parameters (the flow's ``locals()`` at its start, or
+        a flow run's stored ``parameters``); ``None`` means "not given", other keys are the
+        flow's own (a sweep's ``grid``).
+
+        A run created before the fields became top-level flow parameters has one parameter,
+        ``parameters``, holding them all (a run suspended by an older version and resumed
+        by this one): it is read as such.
+        """
+        if set(values) == {"parameters"} and isinstance(values["parameters"], dict):
+            values = values["parameters"]
+        return cls.model_validate({k: v for k, v in values.items() if k in cls.model_fields and v is not None})
+
+    def flow_parameters(self, mode: Literal["python", "json"] = "python") -> dict[str, Any]:
+        """The fields that differ from their defaults, as flow parameters (``train_experiment(**...)``,
+        ``run_deployment(parameters=...)`` with ``mode="json"``)."""
+        defaults = type(self)()
+        return {k: v for k, v in self.model_dump(mode=mode).items()
+                if getattr(self, k) != getattr(defaults, k)}
 
     @field_validator("overrides")
     @classmethod

@@ -20,6 +20,7 @@ CPU on a host without CUDA. Start a worker for *both* pools on that same machine
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -91,19 +92,40 @@ def load_automations(path: Path = AUTOMATIONS_FILE) -> list[Any]:
     return [Automation.model_validate(spec) for spec in yaml.safe_load(path.read_text())["automations"]]
 
 
-def ensure_automations(path: Path = AUTOMATIONS_FILE) -> list[str]:
+def _definition(automation) -> Any:
+    """What an automation does, comparable across processes (its sets, e.g. ``expect``,
+    dump as lists in a per-process order: sorted here)."""
+    def normal(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: normal(v) for k, v in value.items() if k != "id"}
+        if isinstance(value, list):
+            items = [normal(v) for v in value]
+            return sorted(items, key=json.dumps) if all(isinstance(v, str) for v in items) else items
+        return value
+
+    return normal(automation.model_dump(mode="json", include={"description", "trigger", "actions", "enabled"}))
+
+
+def ensure_automations(path: Path = AUTOMATIONS_FILE) -> tuple[list[str], list[str]]:
+    """Create the automations of ``path`` that the server lacks, and update those whose
+    trigger, actions or description differ from the file (a server set up by an older
+    version). Returns the names created and the names updated."""
     from prefect.automations import Automation
 
-    created = []
+    created, updated = [], []
     for automation in load_automations(path):
         try:
-            Automation.read(name=automation.name)
-            continue
+            existing = Automation.read(name=automation.name)
         except Exception:  # noqa: BLE001 - not found (Prefect raises ValueError/ObjectNotFound)
-            pass
-        automation.create()
-        created.append(automation.name)
-    return created
+            automation.create()
+            created.append(automation.name)
+            continue
+        if _definition(existing) != _definition(automation):
+            existing.description, existing.trigger = automation.description, automation.trigger
+            existing.actions, existing.enabled = automation.actions, automation.enabled
+            existing.update()
+            updated.append(automation.name)
+    return created, updated
 
 
 def setup_prefect(gpus: int = 1) -> dict[str, Any]:
@@ -126,9 +148,9 @@ def setup_prefect(gpus: int = 1) -> dict[str, Any]:
         pools = ensure_work_pools(client)
         removed = ensure_gpu_limit(client, gpus)
     secret = ensure_openai_secret()
-    automations = ensure_automations()
+    automations, updated = ensure_automations()
     report = {"work_pools_created": pools, "gpu_limit": gpus or None, "gpu_limit_removed": removed,
-              "openai_secret": secret, "automations_created": automations}
+              "openai_secret": secret, "automations_created": automations, "automations_updated": updated}
     print(f"work pools: {', '.join(WORK_POOLS)} (created: {', '.join(pools) or 'none'})")
     if gpus:
         print(f"'{GPU_TAG}' tag concurrency limit: {gpus}")
@@ -137,5 +159,6 @@ def setup_prefect(gpus: int = 1) -> dict[str, Any]:
               + (f"deleted the existing limit of {removed}; " if removed is not None else "")
               + "RL blocks run on the CPU, start a worker for both nipflow-cpu and nipflow-gpu on this machine)")
     print(f"secret block {OPENAI_SECRET_BLOCK}: {'saved' if secret else 'skipped (OPENAI_API_KEY not set)'}")
-    print(f"automations created: {', '.join(automations) or 'none (already present)'}")
+    print(f"automations created: {', '.join(automations) or 'none (already present)'}"
+          + (f"; updated: {', '.join(updated)}" if updated else ""))
     return report

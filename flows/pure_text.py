@@ -34,7 +34,8 @@ from typing import Any
 from prefect import flow_runs, get_run_logger
 from prefect.runtime import deployment
 
-from flows.parameters import RunSpec, WaitMode
+from flows.form_fields import WaitMode
+from flows.parameters import RunSpec
 from nip_core.agents.pure_text import TERMINAL_STATUSES
 from tasks.stages import initial_position, refresh_state, run_stage_task
 from tasks.trainers import keep_trainer

@@ -22,6 +22,7 @@ worker's environment.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Annotated, Any, Literal, Optional
 
 from prefect import flow, get_run_logger, tags
@@ -32,7 +33,9 @@ from pydantic import AfterValidator, Field
 from flows.leases import driving
 from flows.observability import PrefectHooks
 from flows.parameters import MissingParameterError, RunSpec
+from flows.signals import Preempted
 from flows.trainer_access import check_device_here, forget_trainer, remember_trainer, trainer_from_spec
+from nip_core.trainers.preemption import TrainingPreempted
 from tasks.rl_block import Block, plan_blocks, run_block_task, run_test_loop_task
 
 BLOCK_DEPLOYMENT = "rl_iteration_block/rl-block"
@@ -103,7 +106,10 @@ def rl_iteration_block(spec: SpecParameter = None, block: BlockParameter = None)
         forget_trainer(spec)
     trainer = trainer_from_spec(spec)
     with driving(trainer, spec.lease), _block_artifacts(trainer, block):
-        return run_block_task(spec, block)
+        try:
+            return run_block_task(spec, block)
+        except TrainingPreempted as e:  # checkpointed; this process was asked to stop: no retry here
+            raise Preempted(e.signum, str(e)) from e
 
 
 def _block_artifacts(trainer: Any, block: Block):
@@ -112,13 +118,36 @@ def _block_artifacts(trainer: Any, block: Block):
     return hooks.block_scope(block.index) if isinstance(hooks, PrefectHooks) else contextlib.nullcontext()
 
 
+#: how many crashes of one block's flow run the parent sits out before it gives up on the block
+MAX_BLOCK_CRASHES = 3
+#: seconds a block may stay Crashed (for the reschedule automation to act) before the parent
+#: puts it back to Scheduled itself
+CRASHED_GRACE_S = 60.0
+#: seconds between two looks at a deployed block's state
+BLOCK_POLL_S = 5.0
+
+
+def block_idempotency_key(spec: RunSpec, block: Block) -> str:
+    """The key of the one ``rl-block`` flow run per (parent flow run, lease generation, block).
+
+    A parent flow run that runs again (rescheduled after its host died) asks for the same
+    block again and gets the flow run it started before (still running, or done) instead
+    of a second one training the same iterations; under a new lease generation (the
+    parent took the run's lease anew, so the earlier child can no longer join it) it gets
+    a new child.
+    """
+    generation = (spec.lease or {}).get("generation")
+    return f"{flow_run.id}:{spec.settings.get('run_id')}:g{generation}:block-{block.index}"
+
+
 def _dispatch_block(spec: RunSpec, block: Block, deployed: bool) -> dict[str, Any]:
     with tags("gpu"):
         if not deployed:
             return rl_iteration_block(spec, block)
     child = run_deployment(BLOCK_DEPLOYMENT, parameters={"spec": spec.model_dump(mode="json"),
                                                          "block": block.model_dump()},
-                           tags=["gpu"], timeout=None, poll_interval=5)
+                           tags=["gpu"], timeout=0, idempotency_key=block_idempotency_key(spec, block))
+    child = _wait_for_block(child.id, block)
     if not child.state or not child.state.is_completed():
         why = f": {child.state.message}" if child.state and child.state.message else ""
         raise BlockFailedError(f"RL block {block.index} [{block.start}:{block.stop}) of run "
@@ -128,6 +157,42 @@ def _dispatch_block(spec: RunSpec, block: Block, deployed: bool) -> dict[str, An
     # another machine cannot read; the block's checkpoint in the shared run store counts.
     return {"block": block.index, "start": block.start, "stop": block.stop, "iteration": block.stop,
             "flow_run_id": str(child.id)}
+
+
+def _wait_for_block(child_id: Any, block: Block) -> Any:
+    """Poll the block's flow run until it is final; Crashed counts as final only after
+    :data:`MAX_BLOCK_CRASHES` crashes.
+
+    Crashed means the block's process or host died (the zombie automation marks it so), not
+    that the block cannot be trained: run again, it resumes from the previous checkpoint.
+    The reschedule automation of ``deployments/automations.yaml`` puts it back to Scheduled
+    within seconds; only a block still Crashed after :data:`CRASHED_GRACE_S` (no automation
+    on this server) is put back by the parent, so that the two never both act.
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.states import Scheduled
+
+    crashes: list[Any] = []  # the ids of the Crashed states seen
+    crashed_since = None
+    with get_client(sync_client=True) as client:
+        while True:
+            child = client.read_flow_run(child_id)
+            state = child.state
+            if state is not None and state.is_crashed():
+                if state.id not in crashes:
+                    crashes.append(state.id)
+                    crashed_since = time.monotonic()
+                    get_run_logger().warning("RL block %d: flow run %s crashed (%s; crash %d of at most %d)",
+                                             block.index, child.id, state.message, len(crashes),
+                                             MAX_BLOCK_CRASHES)
+                if len(crashes) >= MAX_BLOCK_CRASHES:
+                    return child
+                if time.monotonic() - crashed_since >= CRASHED_GRACE_S:
+                    client.set_flow_run_state(child.id, Scheduled(message="nipflow: block dispatched again "
+                                                                          "after a crash"))
+            elif state is not None and state.is_final():
+                return child
+            time.sleep(BLOCK_POLL_S)
 
 
 def drive_blocks(trainer: Any, spec: RunSpec, block_size: int, dispatch: BlockDispatch = "auto") -> list[dict]:

@@ -29,10 +29,34 @@ from pydantic import AfterValidator, Field
 
 from flows.experiment import train_experiment
 from flows.observability import artifact_key
+from flows.form_fields import (
+    DEFAULT_BLOCK_SIZE,
+    BlockSizeField,
+    DatasetField,
+    DeviceField,
+    FramesPerBatchField,
+    NumIterationsField,
+    OnParamsMismatchField,
+    OverridesField,
+    ParamsField,
+    ProtocolField,
+    ProverModelField,
+    RolloutsField,
+    RunsDirField,
+    ScenarioField,
+    SeedField,
+    SettingsOverridesField,
+    TrainerField,
+    UseWandbField,
+    VerifierModelField,
+    WaitModeField,
+    WarmStartFromField,
+    described_by,
+)
 from flows.parameters import ExperimentParameters, refuse_secret_overrides
 from flows.secret_blocks import SECRET_SETTINGS_FIELDS
 from nip_core.runs import RunStore
-from nip_core.settings import default_runs_dir
+from nip_core.settings import AUTO_DEVICE, default_runs_dir
 
 POINT_DEPLOYMENT = "train_experiment/sweep-point"
 
@@ -110,10 +134,50 @@ def _final_metrics(runs_dir: str, run_id: str) -> dict[str, Any]:
 
 
 @flow(name="sweep", persist_result=True)
-def sweep(base: ExperimentParameters, grid: SweepGrid, sweep_id: str,
-          dispatch: Literal["auto", "subflow", "deployment"] = "auto",
-          deployment_name: Optional[str] = None, variants: SweepVariants = None) -> list[dict[str, Any]]:
-    """Train every point (``variants`` x ``grid``) on top of ``base``; return one summary row per point."""
+@described_by(ExperimentParameters)
+def sweep(
+    grid: SweepGrid,
+    sweep_id: str,
+    scenario: ScenarioField = None,
+    trainer: TrainerField = None,
+    protocol: ProtocolField = None,
+    dataset: DatasetField = None,
+    num_iterations: NumIterationsField = None,
+    seed: SeedField = None,
+    frames_per_batch: FramesPerBatchField = None,
+    rollouts_per_iteration: RolloutsField = None,
+    prover_model: ProverModelField = None,
+    verifier_model: VerifierModelField = None,
+    params: ParamsField = None,
+    overrides: OverridesField = None,
+    runs_dir: RunsDirField = None,
+    device: DeviceField = AUTO_DEVICE,
+    use_wandb: UseWandbField = False,
+    block_size: BlockSizeField = DEFAULT_BLOCK_SIZE,
+    wait_mode: WaitModeField = "auto",
+    on_params_mismatch: OnParamsMismatchField = "refuse",
+    warm_start_from: WarmStartFromField = None,
+    settings_overrides: SettingsOverridesField = None,
+    dispatch: Literal["auto", "subflow", "deployment"] = "auto",
+    deployment_name: Optional[str] = None,
+    variants: SweepVariants = None,
+) -> list[dict[str, Any]]:
+    """Train every point (``variants`` x ``grid``) on top of the base experiment; one summary row per point.
+
+    The other parameters are the base experiment, as ``train_experiment`` takes them
+    (every point has its own run id, ``<sweep_id>-<index>``).
+
+    Args:
+        grid: dotted parameter path -> the values it takes (e.g. {"seed": [1, 2, 3]})
+        sweep_id: the sweep's name; point i is the run <sweep_id>-<i, three digits>
+        dispatch: deployment: each point is a flow run of deployment_name (any worker of its pool
+            takes it); subflow: the points run one after another in this process; auto: deployment
+            when this flow run is deployed
+        deployment_name: the deployment of the points (default train_experiment/sweep-point)
+        variants: named sets of overrides applied together; the points are every variant combined
+            with every grid point (no variants: the grid alone)
+    """
+    base = ExperimentParameters.from_flow_parameters(locals())
     log = get_run_logger()
     named_points = sweep_points(grid, variants)
     points = [point for _, point in named_points]
@@ -122,7 +186,7 @@ def sweep(base: ExperimentParameters, grid: SweepGrid, sweep_id: str,
     states: dict[str, str] = {}
     if deployed:
         started = {c.run_id: run_deployment(deployment_name or POINT_DEPLOYMENT,
-                                            parameters={"parameters": c.model_dump(mode="json")},
+                                            parameters=c.flow_parameters(mode="json"),
                                             timeout=0) for c in children}
         with get_client(sync_client=True) as client:
             while True:
@@ -133,7 +197,7 @@ def sweep(base: ExperimentParameters, grid: SweepGrid, sweep_id: str,
         states = {rid: r.state.name for rid, r in runs.items()}
     else:
         for c in children:
-            states[c.run_id] = train_experiment(c, return_state=True).name
+            states[c.run_id] = train_experiment(**c.flow_parameters(), return_state=True).name
     runs_dir = base.runs_dir or default_runs_dir()
     rows = [{"run_id": c.run_id, **({"variant": name} if name is not None else {}), **p,
              "state": states[c.run_id], **_final_metrics(runs_dir, c.run_id)}

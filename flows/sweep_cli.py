@@ -120,9 +120,10 @@ def run_sweep_through_prefect(params, settings, spec: dict[str, Any]) -> list[di
     def run() -> list[dict[str, Any]]:
         from flows.sweep import sweep
 
-        base = experiment_parameters(params, settings)
-        state = sweep(base, spec["grid"], settings.run_id, dispatch="subflow", variants=spec["variants"],
-                      return_state=True)
+        # the points' run ids derive from the sweep id: the base has none
+        base = experiment_parameters(params, settings).model_copy(update={"run_id": None})
+        state = sweep(grid=spec["grid"], sweep_id=settings.run_id, dispatch="subflow", variants=spec["variants"],
+                      **base.flow_parameters(), return_state=True)
         if not state.is_completed():
             raise NipflowError(f"sweep {settings.run_id}: flow run ended {state.name}: {state.message}")
         return state.result()

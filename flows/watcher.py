@@ -5,10 +5,14 @@ A deployed pure-text run suspends itself while its fine-tune jobs run (see
 suspended run of the training flows, opens its run store, polls the jobs without
 blocking, and resumes the run when no job is pending or running any more. A failed or
 cancelled job also resumes it: the await stage then fails the run with the job's error.
+
+Ticks may overlap (a slow tick, a backlog after an outage): each is idempotent, so the
+deployment has no concurrency limit (docs/architecture.md#watcher-without-a-slot).
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -38,7 +42,7 @@ def jobs_finished(parameters: dict[str, Any], flow_run_id: str | None = None) ->
     from flows.experiment import build_flow_trainer
     from flows.parameters import ExperimentParameters
 
-    params = ExperimentParameters.model_validate(parameters["parameters"])
+    params = ExperimentParameters.from_flow_parameters(parameters)
     hyper_params = params.hyper_params()
     trainer = build_flow_trainer(hyper_params, params.settings(hyper_params, flow_run_id))
     try:
@@ -49,23 +53,46 @@ def jobs_finished(parameters: dict[str, Any], flow_run_id: str | None = None) ->
 
 
 @flow(name="fine_tune_watcher")
-def fine_tune_watcher() -> list[str]:
-    """Resume each suspended training run whose jobs are done; return the resumed ids."""
+def fine_tune_watcher(max_lateness_s: float = 120.0) -> list[str]:
+    """Resume each suspended training run whose jobs are done; return the resumed ids.
+
+    Ticks need no exclusive slot: every step is idempotent (polling jobs reads; resuming a
+    run that another tick resumed first is a no-op), so the deployment has no concurrency
+    limit, which a tick killed with its host would hold for up to 300 s
+    (docs/architecture.md#watcher-without-a-slot).
+
+    Args:
+        max_lateness_s: a tick that starts this many seconds or more after its scheduled
+            time (a backlog of ticks after a worker outage) does nothing; 0 disables the check
+    """
     from prefect.client.orchestration import get_client
-    from prefect.flow_runs import resume_flow_run
+    from prefect.client.schemas.responses import SetStateStatus
+    from prefect.runtime import flow_run as this_run
 
     log = get_run_logger()
+    scheduled = this_run.scheduled_start_time
+    lateness = (datetime.now(timezone.utc) - scheduled).total_seconds() if scheduled else 0.0
+    if max_lateness_s and lateness >= max_lateness_s:
+        log.info("tick scheduled %.0f s ago (max_lateness_s=%s): skipped; a later tick does the work",
+                 lateness, max_lateness_s)
+        return []
     resumed = []
     with get_client(sync_client=True) as client:
         runs = suspended_training_runs(client)
-    for run in runs:
-        try:
-            done, statuses = jobs_finished(run.parameters, str(run.id))
-        except Exception as e:  # noqa: BLE001 - one broken run must not stop the others
-            log.warning("flow run %s (%s): cannot check its jobs: %s", run.name, run.id, e)
-            continue
-        if done:
+        for run in runs:
+            try:
+                done, statuses = jobs_finished(run.parameters, str(run.id))
+            except Exception as e:  # noqa: BLE001 - one broken run must not stop the others
+                log.warning("flow run %s (%s): cannot check its jobs: %s", run.name, run.id, e)
+                continue
+            if not done:
+                continue
+            # The server resumes only a run that is still paused: of overlapping ticks, one does.
+            response = client.resume_flow_run(run.id)
+            if response.status != SetStateStatus.ACCEPT:
+                log.info("flow run %s (%s): not resumed by this tick (%s)", run.name, run.id,
+                         response.details.reason if response.details else response.status.value)
+                continue
             log.info("flow run %s (%s): jobs %s finished; resuming", run.name, run.id, statuses)
-            resume_flow_run(run.id)
             resumed.append(str(run.id))
     return resumed

@@ -28,7 +28,6 @@ verifier's.
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from collections.abc import Mapping
@@ -161,12 +160,15 @@ def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | N
         dataset file that is missing or malformed (naming the file and the problem),
         or weights that do not fit.
     RunNotFoundError, CorruptCheckpointError
-        From the run store.
+        From the run store; ``UnsafeCheckpointError`` (a ``CorruptCheckpointError``) for an
+        old pickled checkpoint that cannot be loaded safely (names the file and the command
+        that converts it).
     """
     from nip_core.scenarios.graph_isomorphism.build import build_graph_isomorphism
     from nip_core.scenarios.graph_isomorphism.original_format import read_dataset_file
     from nip_core.scenarios.graph_isomorphism.raw_data import GraphIsomorphismDataError
     from nip_core.trainers import get_trainer_class
+    from nip_core.trainers.checkpoint_files import load_run_checkpoint, run_checkpoint_source
     from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
 
     if mode not in EVALUATION_MODES:
@@ -194,12 +196,11 @@ def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | N
 
     hp = _eval_params(params, len(dataset), mode) if not solo else params
     settings = ExperimentSettings(use_wandb=False, show_progress=False, device=device_name, runs_dir=store.base)
-    data, _ = run.load_checkpoint_bytes(name)
-    state = torch.load(io.BytesIO(data), weights_only=False, map_location=device_name)
+    state, _ = load_run_checkpoint(run, name, map_location=device_name)  # never unpickles the file
     scenario = build_graph_isomorphism(hp, settings, trainer_type=cls.trainer_type, train_dataset=dataset,
                                        test_dataset=dataset)
     trainer = cls(hp, settings, run=None, scenario_instance=scenario)
-    source = f"{run.location}/checkpoints/{name}.pt"
+    source = run_checkpoint_source(run, name)
     try:
         load_agents_state(trainer.agents, state["agents"], source=source)
         if solo:

@@ -28,7 +28,7 @@ import nip_core
 from nip_core.utils.fileio import atomic_write_bytes, pid_alive
 from nip_core.llm.client import make_openai_client
 from nip_core.llm.errors import LocalServerError
-from nip_core.llm.server.server_files import EXIT_LOCKED, read_server_file
+from nip_core.llm.server.server_files import EXIT_LOCKED, SERVER_FILE, read_server_file
 from nip_core.llm.server.config import API_KEY_ENV, ENGINE_OPTIONS
 from nip_core.llm.server.control import terminate_pid
 from nip_core.llm.server.faults import FaultConfig
@@ -199,19 +199,23 @@ class LocalApiServer:
                 start_new_session=self.detached,
             )
         deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            code = self._proc.poll()
-            if code is not None:
-                error = LocalServerError(str(self.data_dir), f"server exited with status {code}", _tail(log_path))
-                error.exit_code = code  # type: ignore[attr-defined]
-                self._proc = None
-                raise error
-            info = read_server_file(self.data_dir)
-            if info and info.get("pid") == self._proc.pid and _healthy(info["base_url"], timeout=1.0):
-                self._base_url = info["base_url"]
-                self.port = int(info["port"])
-                return self
-            time.sleep(0.05)
+        try:
+            while time.monotonic() < deadline:
+                code = self._proc.poll()
+                if code is not None:
+                    error = LocalServerError(str(self.data_dir), f"server exited with status {code}", _tail(log_path))
+                    error.exit_code = code  # type: ignore[attr-defined]
+                    self._proc = None
+                    raise error
+                info = read_server_file(self.data_dir)
+                if info and info.get("pid") == self._proc.pid and _healthy(info["base_url"], timeout=1.0):
+                    self._base_url = info["base_url"]
+                    self.port = int(info["port"])
+                    return self
+                time.sleep(0.05)
+        except BaseException:  # Ctrl-C or SIGTERM (or anything) while it starts: leave no server behind
+            self.stop()
+            raise
         self.kill()
         raise LocalServerError(str(self.data_dir), f"not healthy after {self.startup_timeout} s", _tail(log_path))
 
@@ -226,7 +230,14 @@ class LocalApiServer:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        self._forget_record()
         self._proc = None
+
+    def _forget_record(self) -> None:
+        """Remove ``server.json`` if it still names this (exited) process: stopped while it started."""
+        record = read_server_file(self.data_dir)
+        if record and record.get("pid") == self._proc.pid:
+            (self.data_dir / SERVER_FILE).unlink(missing_ok=True)
 
     def kill(self) -> None:
         """SIGKILL the server (to test crash recovery)."""
@@ -399,14 +410,18 @@ def ensure_local_server(
         )
         try:
             url = server.start().base_url
-        except LocalServerError as exc:
-            if getattr(exc, "exit_code", None) != EXIT_LOCKED:
-                raise
-        else:
             atomic_write_bytes(data_dir / AUTOSTARTED_FILE,
                                json.dumps({"server_pid": server.pid, "started_by": os.getpid()}).encode("utf-8"))
             _register_use(data_dir, server)
             return url
+        except LocalServerError as exc:
+            if getattr(exc, "exit_code", None) != EXIT_LOCKED:
+                raise
+        except BaseException:  # stopped (Ctrl-C, SIGTERM) before the server was recorded as ours: stop it
+            if not _in_use.get(data_dir):
+                server.stop()
+                (data_dir / AUTOSTARTED_FILE).unlink(missing_ok=True)
+            raise
         # a server started outside this lock (nipflow api-server) holds the directory
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:

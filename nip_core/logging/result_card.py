@@ -94,8 +94,8 @@ def outcome_of(error: BaseException) -> tuple[str, str | None]:
 
     if isinstance(error, TrainingPreempted):
         return "preempted", str(error)
-    if isinstance(error, KeyboardInterrupt):
-        return "interrupted", None
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C, or SIGTERM/SIGHUP handled like it ("stopped by SIGTERM")
+        return "interrupted", str(error) or None
     return "failed", f"{type(error).__name__}: {error}"
 
 

@@ -17,10 +17,14 @@ to take over, a contender creates generation ``n + 1``; of several contenders ex
 succeeds. Generations only grow, so they double as fencing tokens: a holder that finds a
 newer generation has lost the lease and stops (:class:`LeaseLostError`).
 
-Expiry is wall-clock time written by the holder; hosts are assumed to keep their clocks
-within a small fraction of the ttl of each other (NTP). A holder also stops by itself when
-it could not renew for a whole ttl (it may be cut off from the store), so a contender
-never works beside a holder that merely stopped hearing from the store. See
+Expiry is wall-clock time written by the holder: the claim or renewal request's start
+plus the ttl. Hosts are assumed to keep their clocks within a small fraction of the ttl
+of each other (NTP). The holder keeps a margin of a third of the ttl: a renewal counts
+only if it ends within :data:`RENEW_WINDOW` (2/3) of the ttl after the start of the last
+successful claim or renewal (each store call is bounded by what is left of that window),
+and once that window has passed without one, the holder has lost the lease and stops
+(:meth:`Lease.check`), a third of a ttl before anyone may take over. So a contender never
+works beside a holder that is cut off from the store or whose store calls are slow. See
 ``docs/architecture.md`` ("One driver per run").
 """
 
@@ -47,6 +51,11 @@ LEASES_DIR = "leases"
 DEFAULT_TTL_ENV = "NIPFLOW_LEASE_TTL_S"
 _CLAIM = re.compile(r"^(\d{10})\.json$")
 KEEP_GENERATIONS = 4
+# Renewals count only within this fraction of the ttl after the start of the last
+# successful one; the rest of the ttl is the margin for clock skew and slow stores.
+RENEW_WINDOW = 2.0 / 3.0
+# Pause before looking again after another contender won the race for a generation.
+_RACE_PAUSE_S = 0.1
 
 
 def default_ttl_s() -> float:
@@ -64,7 +73,7 @@ def default_ttl_s() -> float:
 
 
 class LeaseLostError(NipflowError):
-    """This holder's lease was taken over (or could not be renewed for a whole ttl)."""
+    """This holder's lease was taken over (or could not be renewed in time)."""
 
     def __init__(self, what: str, reason: str):
         super().__init__(f"lease on {what} lost: {reason}; stopping so that only one driver works on it")
@@ -97,7 +106,8 @@ class Lease:
     name
         What the lease protects, e.g. ``"run"`` or a stage key.
     ttl_s
-        Seconds a claim or renewal stays valid; renewals happen every ``ttl_s / 3``.
+        Seconds a claim or renewal stays valid; renewals happen every ``ttl_s / 3`` and
+        must succeed within ``2/3 ttl_s`` of the previous one's start.
     describe
         Extra fields shown to whoever finds the lease held (never used for decisions).
     label
@@ -120,7 +130,7 @@ class Lease:
         self.generation: int | None = None
         self._depth = 0
         self._lost: str | None = None
-        self._last_renewed = 0.0  # time.monotonic() of the last successful claim or renewal
+        self._last_renewed = 0.0  # time.monotonic() at the START of the last successful claim or renewal
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._mutex = threading.RLock()
@@ -136,8 +146,12 @@ class Lease:
     def _renew_rel(self, generation: int) -> str:
         return f"{self._dir()}/{generation:010d}.renew.json"
 
-    def _generations(self) -> list[int]:
-        return sorted(int(m.group(1)) for n in self.storage.listdir(self._dir()) if (m := _CLAIM.match(n)))
+    def _generations(self, timeout_s: float | None = None) -> list[int]:
+        names = self.storage.listdir(self._dir(), timeout_s=timeout_s)
+        return sorted(int(m.group(1)) for n in names if (m := _CLAIM.match(n)))
+
+    def _window_s(self) -> float:
+        return RENEW_WINDOW * self.ttl_s
 
     def _read(self, rel: str) -> dict[str, Any] | None:
         try:
@@ -185,16 +199,27 @@ class Lease:
         while True:
             current = self.view()
             now = self.clock()
-            if current.owner == self.token:
-                self._took(current.generation)
-                return self
-            if current.expired(now):
+            if current.owner == self.token and not current.expired(now):
+                # Our own claim (one whose request timed out but landed): usable while its
+                # renewal window lasts, counted back from the expiry it carries.
+                started = time.monotonic() - max(0.0, self.ttl_s - (current.expires_at - now))
+                if time.monotonic() - started < self._window_s():
+                    self._took(current.generation, started)
+                    return self
+            elif current.expired(now):
                 if self._try_claim(current.generation + 1):
                     if current.owner is not None:
                         log.warning("lease %s: took over generation %d of %s (expired %.1f s ago)", self.name,
                                     current.generation, _describe(current.holder), now - current.expires_at)
                     return self
-                continue  # another contender won this generation: look again
+                # Another contender won this generation (or the claim's outcome is unknown):
+                # look again after a short pause, within the deadline.
+                if time.monotonic() >= deadline:
+                    raise RunLockedError(self.label, {"generation": current.generation + 1,
+                                                      "note": "claimed by another driver meanwhile"},
+                                         self.storage.full(self._claim_rel(current.generation + 1)))
+                time.sleep(min(poll_s, _RACE_PAUSE_S))
+                continue
             if time.monotonic() >= deadline:
                 raise RunLockedError(self.label, {**current.holder, "generation": current.generation,
                                                  "expires_in_s": round(current.expires_at - now, 1)},
@@ -202,21 +227,35 @@ class Lease:
             time.sleep(min(poll_s, max(0.01, current.expires_at - now)))
 
     def _try_claim(self, generation: int) -> bool:
+        """Create the claim of ``generation``; whether it is ours now and usable."""
+        started = time.monotonic()
         now = self.clock()
         claim = {"owner": self.token, "holder": {**self.describe, "since": now}, "ttl_s": self.ttl_s,
                  "expires_at": now + self.ttl_s, "generation": generation}
-        if not self.storage.create_exclusive(self._claim_rel(generation), json.dumps(claim).encode()):
+        try:
+            created = self.storage.create_exclusive(self._claim_rel(generation), json.dumps(claim).encode(),
+                                                    timeout_s=self._window_s())
+        except TimeoutError:
+            log.warning("lease %s: the claim of generation %d got no answer within %.1f s; looking again",
+                        self.name, generation, self._window_s())
             return False
-        self._took(generation)
+        if not created:
+            return False
+        if time.monotonic() - started >= self._window_s():
+            # It landed too late to work under: it lapses, and the next look claims anew.
+            log.warning("lease %s: the claim of generation %d took %.1f s, past its renewal window",
+                        self.name, generation, time.monotonic() - started)
+            return False
+        self._took(generation, started)
         self._prune(generation)
         return True
 
-    def _took(self, generation: int) -> None:
+    def _took(self, generation: int, started: float) -> None:
         with self._mutex:
             self.generation = generation
             self._depth = 1
             self._lost = None
-            self._last_renewed = time.monotonic()
+            self._last_renewed = started
 
     def _prune(self, generation: int) -> None:
         for old in self._generations():
@@ -230,12 +269,21 @@ class Lease:
         Raises :class:`LeaseLostError` if that claim is no longer the current, unexpired one.
         """
         current = self.view()
-        if current.generation != generation or current.owner != owner or current.expired(self.clock()):
+        now = self.clock()
+        if current.generation == generation and current.owner == owner and current.expired(now):
+            raise LeaseLostError(self.label, f"generation {generation} expired {now - current.expires_at:.1f} s ago "
+                                            f"(its holder, {_describe(current.holder)}, stopped renewing it)")
+        if current.generation != generation or current.owner != owner:
             raise LeaseLostError(self.label, f"generation {generation} is not the current claim "
                                             f"(now generation {current.generation} of {_describe(current.holder)})")
+        # The claim's last renewal started one ttl before the expiry it carries.
+        started = time.monotonic() - max(0.0, self.ttl_s - (current.expires_at - now))
+        if time.monotonic() - started >= self._window_s():
+            raise LeaseLostError(self.label, f"generation {generation} expires in "
+                                            f"{current.expires_at - now:.1f} s, too soon to join it")
         self.token = owner
         self._joined = True
-        self._took(generation)
+        self._took(generation, started)
         return self
 
     def release(self) -> None:
@@ -253,7 +301,11 @@ class Lease:
             if joined:
                 return  # the claim is the parent's to give back
             if self._lost is None and generation is not None and self.view().generation == generation:
-                self._write_renewal(generation, released=True)
+                try:
+                    self._write_renewal(generation, released=True, timeout_s=self.ttl_s)
+                except TimeoutError:
+                    log.warning("lease %s: the store did not answer the release; the claim lapses at its expiry",
+                                self.name)
 
     @property
     def held(self) -> bool:
@@ -261,39 +313,68 @@ class Lease:
 
     # -- renewing and checking -------------------------------------------------------------
 
-    def _write_renewal(self, generation: int, released: bool = False) -> None:
+    def _write_renewal(self, generation: int, released: bool = False, timeout_s: float | None = None) -> None:
         now = self.clock()
         body = {"owner": self.token, "expires_at": 0.0 if released else now + self.ttl_s, "renewed_at": now,
                 "released": released}
-        self.storage.write_bytes(self._renew_rel(generation), json.dumps(body).encode())
+        self.storage.write_bytes(self._renew_rel(generation), json.dumps(body).encode(), timeout_s=timeout_s)
+
+    def _lose(self, reason: str) -> LeaseLostError:
+        with self._mutex:
+            if self._lost is None:
+                self._lost = reason
+            return LeaseLostError(self.label, self._lost)
 
     def renew(self) -> None:
-        """Extend the claim by a ttl; raise :class:`LeaseLostError` if it was taken over."""
+        """Extend the claim by a ttl; raise :class:`LeaseLostError` if it was taken over.
+
+        The renewal counts only if it ends within the renewal window (2/3 ttl after the
+        start of the last successful one); its store calls are bounded by what is left
+        of it. One that fails inside the window may be retried; one that ends past it,
+        or starts past it, loses the lease: its claim may lapse before the renewal is
+        seen, and a contender may take over.
+        """
         with self._mutex:
             if self._lost is not None:
                 raise LeaseLostError(self.label, self._lost)
             generation = self.generation
             if generation is None:
                 raise LeaseLostError(self.label, "not held")
-            newest = self._generations()
-            if newest and newest[-1] != generation:
-                self._lost = f"generation {newest[-1]} was claimed by another driver"
-                raise LeaseLostError(self.label, self._lost)
             started = time.monotonic()
-            self._write_renewal(generation)
-            self._last_renewed = started
+            window_end = self._last_renewed + self._window_s()
+        if started >= window_end:
+            raise self._lose(self._not_renewed())
+        # The store calls run without the mutex: check() never waits for a slow store.
+        newest = self._generations(timeout_s=window_end - time.monotonic())
+        if newest and newest[-1] != generation:
+            raise self._lose(f"generation {newest[-1]} was claimed by another driver")
+        self._write_renewal(generation, timeout_s=window_end - time.monotonic())
+        finished = time.monotonic()
+        if finished > window_end:
+            raise self._lose(f"a renewal took {finished - started:.1f} s and ended past the renewal window "
+                             f"({self._window_s():g} s after the last successful one)")
+        with self._mutex:
+            if self.generation == generation:
+                self._last_renewed = max(self._last_renewed, started)
+
+    def _not_renewed(self) -> str:
+        return f"not renewed within {self._window_s():g} s (2/3 of its ttl; store unreachable or too slow?)"
 
     def check(self) -> None:
-        """Raise :class:`LeaseLostError` if the lease was lost or not renewed for a whole ttl."""
+        """Raise :class:`LeaseLostError` if the lease was lost or its renewal window has passed.
+
+        That is a third of a ttl before the claim may expire: a holder stops before
+        anyone may take over, also when its renewals hang.
+        """
         with self._mutex:
             if self._lost is not None:
                 raise LeaseLostError(self.label, self._lost)
-            if self._depth and time.monotonic() - self._last_renewed > self.ttl_s:
-                self._lost = f"not renewed for {self.ttl_s:g} s (store unreachable?)"
+            if self._depth and time.monotonic() - self._last_renewed >= self._window_s():
+                self._lost = self._not_renewed()
                 raise LeaseLostError(self.label, self._lost)
 
     def keep_alive(self) -> None:
-        """Renew every ``ttl_s / 3`` from a daemon thread until released."""
+        """Renew every ``ttl_s / 3`` (sooner again after a failure) from a daemon thread until released."""
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
@@ -308,14 +389,18 @@ class Lease:
 
     def _renew_loop(self) -> None:
         interval = self.ttl_s / 3.0
-        while not self._stop.wait(interval):
+        retry = self.ttl_s / 12.0
+        next_at = self._last_renewed + interval
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             try:
                 self.renew()
+                next_at = self._last_renewed + interval
             except LeaseLostError as e:
                 log.error("%s", e)
                 return
-            except Exception as e:  # noqa: BLE001 - a store hiccup: try again; check() stops the work if it lasts
-                log.warning("lease %s: renewal failed (%s); retrying", self.name, e)
+            except Exception as e:  # noqa: BLE001 - a store hiccup: retry within the window; check() stops the work
+                log.warning("lease %s: renewal failed (%s: %s); retrying", self.name, type(e).__name__, e)
+                next_at = time.monotonic() + retry
 
     def __enter__(self) -> "Lease":
         self.acquire()

@@ -6,6 +6,7 @@ Layout (relative to ``<runs_dir>/<run_id>/``)::
     metadata.json       package version, params hash, created/updated, W&B run id ...
     state.json          the trainer state (written atomically after every stage)
     leases/run/         the lease of the driver working on the run (nip_core.runs.lease)
+    leases/metadata.lock  the lock of metadata.json updates (an empty file; local stores only)
     checkpoints/        model/optimiser checkpoints (+ a .json manifest with a sha256 each)
     rollouts/           sampled rollouts, one file per iteration
     transcripts/        human-readable transcripts
@@ -23,6 +24,7 @@ import re
 import uuid
 from datetime import datetime, timezone
 from importlib import metadata as importlib_metadata
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -47,6 +49,7 @@ PARAMS_FILE = "hyper_params.json"
 METADATA_FILE = "metadata.json"
 STATE_FILE = "state.json"
 METRICS_FILE = "metrics.jsonl"
+METADATA_LOCK = "leases/metadata.lock"
 
 
 def package_version() -> str:
@@ -100,9 +103,7 @@ class Run:
         Entries made before incarnations existed get one on first use.
         """
         if self._incarnation is None:
-            meta = self.metadata() if self.storage.exists(METADATA_FILE) else {}
-            if not meta.get("incarnation"):
-                meta = self.update_metadata(incarnation=new_incarnation())
+            meta = self._modify_metadata(lambda m: None if m.get("incarnation") else {"incarnation": new_incarnation()})
             self._incarnation = str(meta["incarnation"])
         return self._incarnation
 
@@ -172,10 +173,30 @@ class Run:
         return self.read_json(METADATA_FILE, "run metadata")
 
     def update_metadata(self, **fields: Any) -> dict[str, Any]:
-        meta = self.metadata() if self.storage.exists(METADATA_FILE) else {}
-        meta.update(fields)
-        self.write_json(METADATA_FILE, meta)
-        return meta
+        """Set ``fields`` in ``metadata.json`` (a locked read-modify-write); the new metadata.
+
+        Updates of one run's metadata are serialised within this process and, on a local
+        or NFS run store, across processes (:meth:`Storage.locked`), so none is lost. On an
+        object store only the first holds: there the run lease keeps other drivers out,
+        and a tool that updates the metadata of a run someone else drives may lose an
+        update to it or make it lose one (last writer wins).
+        """
+        return self._modify_metadata(lambda meta: fields)
+
+    def _modify_metadata(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
+        """Apply ``change(meta)`` (fields to set, or None for none) under the metadata lock."""
+        with self.storage.locked(METADATA_LOCK):
+            try:
+                meta = json.loads(self.storage.read_bytes(METADATA_FILE))
+            except FileNotFoundError:
+                meta = {}
+            except (ValueError, UnicodeDecodeError) as e:
+                raise CorruptCheckpointError(self.storage.full(METADATA_FILE), f"invalid JSON ({e})") from None
+            fields = change(meta)
+            if fields:
+                meta.update(fields)
+                self.write_json(METADATA_FILE, meta)
+            return meta
 
     # -- binary checkpoints ----------------------------------------------------------------
 
@@ -303,12 +324,13 @@ class RunStore:
         run = Run(storage, run_id, params)
         if not existing:
             now = _now()
-            run.write_json(METADATA_FILE, {
-                "run_id": run_id, "incarnation": new_incarnation(), "package_name": "nipflow", "package_version": package_version(),
-                "params_hash": run.params_hash, "created": now, "updated": now,
-                "scenario": params.scenario, "trainer": params.trainer,
-                "interaction_protocol": params.interaction_protocol,
-            })
+            with storage.locked(METADATA_LOCK):  # a new entry: whatever a deleted one left is replaced
+                run.write_json(METADATA_FILE, {
+                    "run_id": run_id, "incarnation": new_incarnation(), "package_name": "nipflow",
+                    "package_version": package_version(), "params_hash": run.params_hash, "created": now,
+                    "updated": now, "scenario": params.scenario, "trainer": params.trainer,
+                    "interaction_protocol": params.interaction_protocol,
+                })
             storage.write_bytes(PARAMS_FILE, (params.to_json() + "\n").encode())
             return run
         stored = self.load_params(run_id)
@@ -319,10 +341,9 @@ class RunStore:
             if on_params_mismatch == "warn":
                 log.warning("run %s: hyper-parameters differ from the stored ones in %s; continuing "
                             "with the new ones", run_id, ", ".join(differing))
-            meta = run.metadata()
-            history = meta.get("params_history", [])
-            history.append({"at": _now(), "previous_hash": stored.params_hash(),
-                            "fields": differing, "policy": on_params_mismatch})
+            entry = {"at": _now(), "previous_hash": stored.params_hash(), "fields": differing,
+                     "policy": on_params_mismatch}
             storage.write_bytes(PARAMS_FILE, (params.to_json() + "\n").encode())
-            run.update_metadata(params_hash=run.params_hash, params_history=history)
+            run._modify_metadata(lambda meta: {"params_hash": run.params_hash,
+                                               "params_history": [*meta.get("params_history", []), entry]})
         return run

@@ -1,7 +1,8 @@
-"""Preemption: SIGTERM, SIGUSR1 and Ctrl-C stop TensorDict training cleanly and resumably.
+"""Preemption: SIGTERM, SIGUSR1, SIGHUP and Ctrl-C stop TensorDict training cleanly and resumably.
 
 Clusters preempt jobs with a signal and a grace period: SLURM sends SIGTERM (or, with
-``#SBATCH --signal=USR1@90``, SIGUSR1 ahead of time), Kubernetes SIGTERM, a user Ctrl-C.
+``#SBATCH --signal=USR1@90``, SIGUSR1 ahead of time), Kubernetes SIGTERM, a user Ctrl-C,
+a closing terminal SIGHUP (left alone where it is ignored, as under ``nohup``).
 While a :class:`PreemptionGuard` is active the first such signal only sets a flag. The
 training loop looks at it after every minibatch step; when it is set, the loop stops
 there, the checkpoint of the **last finished iteration** (kept in memory since that
@@ -29,7 +30,7 @@ from nip_core.errors import NipflowError
 
 log = logging.getLogger(__name__)
 
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL
 
 
@@ -66,6 +67,8 @@ class PreemptionGuard:
         if threading.current_thread() is not threading.main_thread():
             return self
         for signum in PREEMPTION_SIGNALS:
+            if signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN:
+                continue  # nohup: a hang-up must not stop the training
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

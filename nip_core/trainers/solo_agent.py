@@ -13,18 +13,18 @@ Checkpoints (``checkpoints/iter_{epoch:06d}``, every ``settings.checkpoint_every
 and at the end) hold the agents, the optimisers, the epoch-order generator and the global
 RNGs: a resumed run continues bit-identically, a warm start loads another run's final
 agents (fresh optimisers), and running a finished run again reports the test metrics of
-its stored model instead of freshly initialised weights.
+its stored model instead of freshly initialised weights. The file format (safetensors + JSON,
+never unpickled) is :mod:`nip_core.trainers.checkpoint_format`.
 """
 
 from __future__ import annotations
 
 from contextlib import ExitStack
-
-import io
 from typing import Any
 
 import torch
 
+from nip_core.trainers.checkpoint_files import load_run_checkpoint, save_run_checkpoint
 from nip_core.trainers.pretrain import (
     solo_loss_and_accuracy,
     solo_names,
@@ -69,9 +69,7 @@ class SoloAgentTrainer(TensorDictTrainer):
         self.state.iteration = epoch
         if not self.run.persistent:  # a NullRun: not even serialised
             return
-        buffer = io.BytesIO()
-        torch.save(self.checkpoint_state(epoch), buffer)
-        self.run.save_checkpoint_bytes(checkpoint_name(epoch), buffer.getvalue(), iteration=epoch)
+        save_run_checkpoint(self.run, checkpoint_name(epoch), self.checkpoint_state(epoch), iteration=epoch)
         self.save_state()
 
     def restore_latest_checkpoint(self) -> int:
@@ -80,8 +78,7 @@ class SoloAgentTrainer(TensorDictTrainer):
         epochs = [e for e in epochs if e <= self.hyper_params.solo_agent.num_epochs]
         if not epochs:
             return 0
-        data, _ = self.run.load_checkpoint_bytes(checkpoint_name(max(epochs)))
-        state = torch.load(io.BytesIO(data), weights_only=False, map_location=self.settings.device)
+        state, _ = load_run_checkpoint(self.run, checkpoint_name(max(epochs)), map_location=self.settings.device)
         self.agents.load_state_dict(state["agents"])
         for name, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][name])

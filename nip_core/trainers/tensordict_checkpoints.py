@@ -8,7 +8,12 @@ same parameters as an uninterrupted one (with ``rl.collection_shards >= 2`` also
 environment and torch RNG states of the collection shards, ``collector``, whatever
 ``settings.num_rollout_workers``: a run may be resumed with a different worker count).
 
-Across devices: :meth:`TensorDictCheckpointMixin.restore_checkpoint` loads with
+The file format (safetensors for the tensors, JSON for the rest: loading never unpickles
+anything) is :mod:`nip_core.trainers.checkpoint_format`; pickled checkpoints of earlier
+versions are read by :mod:`nip_core.trainers.checkpoint_legacy`.
+
+Across devices: a checkpoint holds CPU tensors whatever device wrote it, and
+:meth:`TensorDictCheckpointMixin.restore_checkpoint` loads with
 ``map_location=settings.device``, so a checkpoint written on a CUDA host loads on a
 CPU-only one (and the other way round) with the tensors where the trainer computes. RNG
 states are brought back to the CPU before they are set (torch accepts only CPU byte
@@ -18,7 +23,6 @@ without CUDA skips them with a log line, since it cannot replay CUDA streams any
 
 from __future__ import annotations
 
-import io
 import logging
 import random
 import re
@@ -26,6 +30,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from nip_core.trainers.checkpoint_files import load_run_checkpoint, save_run_checkpoint
+from nip_core.trainers.checkpoint_format import encode_checkpoint
 
 # The RNG messages are the RL trainer's (they were logged there before this module existed).
 log = logging.getLogger("nip_core.trainers.tensordict_rl")
@@ -144,9 +151,7 @@ class TensorDictCheckpointMixin:
             transform.load_state_dict(state)
 
     def _checkpoint_bytes(self) -> bytes:
-        buffer = io.BytesIO()
-        torch.save(self.checkpoint_state(), buffer)
-        return buffer.getvalue()
+        return encode_checkpoint(self.checkpoint_state())
 
     def save_checkpoint(self) -> None:
         """Write ``iter_{n:06d}`` to the run store and the trainer state (no-op without a run)."""
@@ -157,8 +162,8 @@ class TensorDictCheckpointMixin:
         if not self.run.persistent:  # a NullRun: not even serialised
             return
         name = checkpoint_name(iteration)
-        self.run.save_checkpoint_bytes(name, data if data is not None else self._checkpoint_bytes(),
-                                       iteration=iteration)
+        save_run_checkpoint(self.run, name, data if data is not None else self._checkpoint_bytes(),
+                            iteration=iteration)
         self._stored_iteration = iteration
         self.state.iteration = iteration
         self.save_state()
@@ -174,10 +179,11 @@ class TensorDictCheckpointMixin:
     def restore_checkpoint(self, iteration: int) -> None:
         """Load the checkpoint of exactly ``iteration``; raises if it is missing or corrupt.
 
-        Tensors are mapped onto this trainer's device, whichever device wrote them.
+        Tensors are mapped onto this trainer's device, whichever device wrote them. Nothing
+        in the file is unpickled (:func:`~nip_core.trainers.checkpoint_format.read_checkpoint`);
+        an old pickled checkpoint that is not safe to load raises ``UnsafeCheckpointError``.
         """
-        data, _ = self.run.load_checkpoint_bytes(checkpoint_name(iteration))
-        state = torch.load(io.BytesIO(data), weights_only=False, map_location=self.settings.device)
+        state, _ = load_run_checkpoint(self.run, checkpoint_name(iteration), map_location=self.settings.device)
         self.load_checkpoint_state(state)
         self._stored_iteration = iteration
 

@@ -14,7 +14,7 @@ restores the latest checkpoint of the run store and checkpoints at the end of th
 loads across devices, is in :mod:`nip_core.trainers.tensordict_checkpoints`. A resumed
 run produces the same batches and parameters as an uninterrupted one.
 
-Preemption (:mod:`nip_core.trainers.preemption`): SIGTERM, SIGUSR1 or Ctrl-C during
+Preemption (:mod:`nip_core.trainers.preemption`): SIGTERM, SIGUSR1, SIGHUP or Ctrl-C during
 :meth:`TensorDictRlTrainer.run_iterations` stop training after the current minibatch
 step; the checkpoint of the last finished iteration is written and
 ``TrainingPreempted`` raised, so a resume is exact.

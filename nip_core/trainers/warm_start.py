@@ -32,7 +32,8 @@ run starts at iteration 0 with
   a fresh run, so that a warm-started run is reproducible from its parameters plus the
   warm-start checkpoint.
 
-The warm-start checkpoint is verified like any checkpoint (sha256 against its manifest),
+The warm-start checkpoint is verified and read like any checkpoint (sha256 against its
+manifest; safetensors + JSON, never unpickled: :mod:`nip_core.trainers.checkpoint_format`),
 but not against the new run's params hash, which legitimately differs; instead every
 tensor's name and shape must match the new run's agents, and a mismatch is refused with
 the tensors named.
@@ -41,7 +42,6 @@ the tensors named.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import re
 from datetime import datetime, timezone
@@ -228,20 +228,18 @@ def load_warm_start_agents(run: "Run", agents: Any) -> dict[str, Any] | None:
     Raises
     ------
     CorruptCheckpointError, CheckpointNotFoundError
-        See :func:`read_warm_start_checkpoint`; also when the file is not a checkpoint.
+        See :func:`read_warm_start_checkpoint`; also when the file is not a checkpoint, and
+        (``UnsafeCheckpointError``) when it is an old pickle that cannot be loaded safely.
     WarmStartError
         If the weights' names or shapes do not match ``agents``.
     """
-    import torch
+    from nip_core.trainers.checkpoint_files import read_checkpoint
 
     found = read_warm_start_checkpoint(run)
     if found is None:
         return None
     data, manifest, path = found
-    try:
-        state = torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means an unusable file
-        raise CorruptCheckpointError(path, f"cannot be loaded ({type(e).__name__}: {e})") from None
+    state = read_checkpoint(data, source=path, map_location="cpu")  # never unpickles the file
     if not isinstance(state, dict) or not isinstance(state.get("agents"), dict):
         raise CorruptCheckpointError(path, "has no 'agents' weights (not a TensorDict RL checkpoint)")
     check_state_dict_fits(agents.state_dict(), state["agents"], path)

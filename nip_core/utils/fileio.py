@@ -32,6 +32,21 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o666) 
     fsync_directory(path.parent)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte of ``data`` is written.
+
+    ``os.write`` may write fewer bytes than asked (a signal, a pipe, a file size limit);
+    the rest is written by further calls. An error of a later call (``EFBIG``,
+    ``ENOSPC``) is raised: the caller never mistakes a partial write for a whole one.
+    """
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:  # pragma: no cover - os.write raises instead on every known platform
+            raise OSError(f"os.write wrote nothing ({len(view)} bytes left)")
+        view = view[written:]
+
+
 def _make_parents_durably(directory: Path) -> None:
     """``mkdir -p directory``, fsyncing the parent of every directory it creates.
 

@@ -89,11 +89,11 @@ def _titled(title: str) -> str:
 
 
 def schema_property(page: Any, *path: str) -> Any:
-    """The schema form property at ``path`` of titles, e.g. ``("parameters", "Trainer")``.
+    """The schema form property at ``path`` of titles, e.g. ``("trainer",)`` or ``("params", "Rl")``.
 
     Titles match with or without the UI's `` (Optional)`` suffix. The property must sit at
-    exactly that nesting: ``("parameters", "Trainer")`` is the ``trainer`` field of the
-    ``parameters`` object, not a ``Trainer`` deeper down (``params.trainer``).
+    exactly that nesting: ``("trainer",)`` is the top-level ``trainer`` parameter (Prefect
+    titles a flow parameter with its name), not a ``Trainer`` deeper down (``params.trainer``).
     """
     header_label = f"div[contains(@class, 'p-label__header')]//span[{_IS_LABEL}]"
     conditions = [f"count(ancestor::div[{_IS_PROPERTY}]) = {len(path)}"]

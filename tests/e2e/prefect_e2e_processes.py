@@ -4,15 +4,16 @@ Nothing here is simulated. The server is ``prefect server start`` on a free loop
 with its own ``PREFECT_HOME`` and its database in a throwaway PostgreSQL cluster
 (``flows/pg_cluster.py``, started through ``flows/prefect_pg_server.py``, the code behind
 ``nipflow prefect server``): on SQLite, a few workers polling at once get ``500 database
-is locked`` answers. Workers are ``prefect worker start`` processes; the deployments
-come from ``deployments/prefect.yaml`` through ``nipflow prefect setup`` and ``prefect
---no-prompt deploy --all``.
+is locked`` answers. Workers are started as ``deployments/README.md`` says
+(``PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30 nipflow worker --pool ...``, a ``prefect worker
+start`` that stops on one SIGTERM); the deployments come from ``deployments/prefect.yaml``
+through ``nipflow prefect setup`` and ``prefect --no-prompt deploy --all``.
 
 Every wait is bounded and fails with the tails of the logs involved. Every process is
 started in its own session, so that it and its children can be signalled as a process
-group. Flow runs are started by a process worker in *their own* session
-(prefect_notes.md §6), so stopping or killing a worker "with its flow runs" also walks
-the worker's descendants in ``/proc``.
+group. ``nipflow worker`` runs its Prefect worker, and a process worker its flow runs, in
+*their own* sessions, so stopping or killing a worker "with its flow runs" also walks the
+worker's descendants in ``/proc``.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def start_prefect_server(base: Path, database_url: str, startup_timeout: float =
 
 @dataclass
 class Worker:
-    """A ``prefect worker start`` process (its own session) and its log."""
+    """A ``nipflow worker`` process (its own session; its ``prefect worker start`` child in another) and its log."""
 
     name: str
     proc: subprocess.Popen
@@ -207,20 +208,16 @@ class Worker:
         return others
 
     def stop(self, timeout: float = 20) -> None:
-        """Stop as a supervisor should: SIGINT twice (one signal is not enough,
-        prefect_notes.md §6), SIGKILL if it is still there after ``timeout``; then SIGKILL
-        the flow-run processes it leaves behind (they run in their own sessions)."""
+        """Stop as a supervisor does: one SIGTERM (``nipflow worker`` stops its Prefect worker
+        within about 8 s), SIGKILL if it is still there after ``timeout``; then SIGKILL the
+        worker and flow-run processes left behind (they run in their own sessions)."""
         if not self.alive():
             return
         started = {pid: _start_time(pid) for pid in _descendants(self.proc.pid)}
-        for sig, wait in ((signal.SIGINT, 1.0), (signal.SIGINT, timeout)):
-            _signal_group(self.proc, sig)
-            try:
-                self.proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-        else:
+        _signal_group(self.proc, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
             _signal_group(self.proc, signal.SIGKILL)
             self.proc.wait(10)
         for pid, start_time in started.items():
@@ -246,16 +243,19 @@ class Worker:
 def start_worker(server: PrefectServer, workdir: Path, *, pool: str = "nipflow-cpu", name: str,
                  env: Optional[dict[str, str]] = None, limit: Optional[int] = None,
                  wait_online: bool = True) -> Worker:
-    """``prefect worker start --pool <pool>`` with cwd ``workdir`` and ``env`` added.
+    """A worker as ``deployments/README.md`` starts one: ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30
+    nipflow worker --pool <pool>`` (``prefect worker start`` that stops on one SIGTERM), with cwd
+    ``workdir`` and ``env`` added.
 
     ``limit`` caps the flow runs it runs at once (``--limit``). Returns once the server
     lists the worker as online (so a flow run created next is seen by its next poll);
     a worker that exits or is not online within 60 s fails with its log.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    worker_env = server.client_env(home=workdir / "prefect-home", **(env or {}))
+    worker_env = server.client_env(home=workdir / "prefect-home",
+                                   **{"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30", **(env or {})})
     log = workdir / f"{name}.log"
-    cmd = [PREFECT, "worker", "start", "--pool", pool, "--name", name, "--type", "process"]
+    cmd = [NIPFLOW, "worker", "--pool", pool, "--name", name, "--type", "process"]
     if limit is not None:
         cmd += ["--limit", str(limit)]
     with open(log, "wb") as out:
@@ -272,6 +272,63 @@ def start_worker(server: PrefectServer, workdir: Path, *, pool: str = "nipflow-c
         if not worker.alive():
             raise AssertionError(f"worker {name} exited {proc.returncode}:\n{_tail(log)}")
     return worker
+
+
+DEPLOYMENTS_README = REPO / "deployments" / "README.md"
+
+
+def prefect_file_with_watcher_interval(tmp_path: Path, interval_s: int) -> Path:
+    """A copy of ``deployments/prefect.yaml`` whose fine-tune watcher runs every ``interval_s`` (not 60 s)."""
+    text = PREFECT_FILE.read_text()
+    block = "entrypoint: flows.watcher.fine_tune_watcher"
+    head, tail = text.split(block)
+    schedule = "- interval: 60\n        active: true"
+    assert tail.count(schedule) >= 1
+    tail = tail.replace(schedule, f"- interval: {interval_s}\n        active: true", 1)
+    path = tmp_path / "prefect.yaml"
+    path.write_text(head + block + tail)
+    return path
+
+
+def prefect_yaml_usage_command() -> list[str]:
+    """The ``prefect deployment run ...`` line of the usage comment at the top of ``deployments/prefect.yaml``."""
+    import shlex
+
+    (line,) = [line for line in PREFECT_FILE.read_text().splitlines() if line.startswith("#   prefect deployment run ")]
+    return [PREFECT, *shlex.split(line[1:])[1:]]
+
+
+def readme_command(deployment: str, readme: Path = DEPLOYMENTS_README) -> list[str]:
+    """The ``prefect deployment run '<deployment>' ...`` command of ``deployments/README.md``,
+    as the argv a shell would make of it (``prefect`` resolved to this environment's).
+
+    The command spans the lines up to the one that closes its quotes and does not end in a
+    backslash, as in a shell. Fails if the README has no such command or several.
+    """
+    import shlex
+
+    lines = readme.read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith(f"prefect deployment run '{deployment}'")]
+    assert len(starts) == 1, f"{readme} has {len(starts)} commands for {deployment}"
+    text = ""
+    for line in lines[starts[0]:]:
+        text += line.strip() + "\n"
+        try:
+            shlex.split(text.replace("\\\n", " "))
+        except ValueError:  # a quote still open
+            continue
+        if not line.rstrip().endswith("\\"):
+            break
+    argv = shlex.split(text.replace("\\\n", " "))
+    return [PREFECT, *argv[1:]]
+
+
+def flow_run_id_of(output: str) -> Optional[str]:
+    """The flow run id that ``prefect deployment run`` printed (``UUID: ...``), if any."""
+    import re
+
+    found = re.search(r"UUID:\s*([0-9a-f]{8}-[0-9a-f-]{27})", output)
+    return found.group(1) if found else None
 
 
 def setup_and_deploy(server: PrefectServer, prefect_file: Path = PREFECT_FILE, *,
@@ -306,6 +363,20 @@ class Api:
     def flow_run(self, flow_run_id):
         with self.client() as client:
             return client.read_flow_run(flow_run_id)
+
+    def state_history(self, flow_run_id) -> list[str]:
+        """``TYPE/Name`` of every state the run has been in, oldest first."""
+        with self.client() as client:
+            states = client.read_flow_run_states(flow_run_id)
+        states.sort(key=lambda s: s.timestamp)
+        return [f"{s.type.value}/{s.name}" for s in states]
+
+    def latest_artifact(self, key: str):
+        from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+        with self.client() as client:
+            found = client.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        return found[0] if found else None
 
     def flow_runs(self, flow_name: str):
         from prefect.client.schemas.filters import FlowFilter, FlowFilterName

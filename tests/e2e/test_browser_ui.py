@@ -116,16 +116,17 @@ def test_custom_run_form_offers_trainer_and_protocol_dropdowns(prefect_server, d
 
     deployment = deployed["nip-gi-ppo"]
     schema = deployment["parameter_openapi_schema"]
-    trainers = schema_enum(schema, "parameters", "trainer")
-    protocols = schema_enum(schema, "parameters", "protocol")
+    trainers = schema_enum(schema, "trainer")
+    protocols = schema_enum(schema, "protocol")
     assert "vanilla_ppo" in trainers and "nip" in protocols, (trainers, protocols)
     with ui_page(browser) as page:
         page.goto(f"{prefect_server.process.ui_url}/deployments/deployment/{deployment['id']}/run")
         expect(page.get_by_role("heading", name="Parameters", exact=True)).to_be_visible()
         screenshot(page, "02-run-form")
-        for title, default, options, shot in (("Trainer", "vanilla_ppo", trainers, "03-run-form-trainer-open"),
-                                              ("Protocol", "nip", protocols, "04-run-form-protocol-open")):
-            prop = schema_property(page, "parameters", title)
+        # top-level flow parameters: Prefect titles them with the parameter's name
+        for title, default, options, shot in (("trainer", "vanilla_ppo", trainers, "03-run-form-trainer-open"),
+                                              ("protocol", "nip", protocols, "04-run-form-protocol-open")):
+            prop = schema_property(page, title)
             expect(prop).to_have_count(1)
             # a select preset to the deployment's value, not a free-text input
             expect(prop.locator(".p-select")).to_have_count(1)
@@ -145,7 +146,7 @@ def test_gi_run_submitted_in_the_form_completes_and_shows_its_result_card(prefec
     cpu = workers.start(tmp_path / "cpu", pool="nipflow-cpu", name="ui-cpu", env=worker_env)
     gpu = workers.start(tmp_path / "gpu", pool="nipflow-gpu", name="ui-gpu", env=worker_env)
     logs = [cpu.log, gpu.log]
-    parameters = {"parameters": tiny_gi_parameters(tmp_path / "data")}
+    parameters = tiny_gi_parameters(tmp_path / "data")
     ui = prefect_server.process.ui_url
     deployment_id = deployed["nip-gi-ppo"]["id"]
 
@@ -156,7 +157,7 @@ def test_gi_run_submitted_in_the_form_completes_and_shows_its_result_card(prefec
         page.get_by_role("button", name="Use JSON input").click()
         editor = page.locator(".schema-input textarea")
         expect(editor).to_have_count(1)
-        expect(editor).to_have_value(re.compile(r'"parameters"'))  # the form's values as JSON
+        expect(editor).to_have_value(re.compile(r'"trainer": "vanilla_ppo"'))  # the deployment's values as JSON
         editor.fill(json.dumps(parameters, indent=2))
         page.locator(".flow-run-create-form-v2__header").scroll_into_view_if_needed()
         screenshot(page, "05-run-form-json")

@@ -1,20 +1,24 @@
-"""Deployed pipelines on real processes: the code-validation pipeline survives a worker
-kill while it waits for fine-tuning, and the GI pipeline trains its RL blocks through the
-gpu pool on this CPU-only machine.
+"""Deployed pipelines on real processes, started with the commands of ``deployments/README.md``
+and ``deployments/prefect.yaml`` exactly as written: the code-validation pipeline survives a
+worker killed in the middle of a fine-tune-watcher tick while the run is suspended, and the
+GI pipeline trains its RL blocks through the gpu pool on this CPU-only machine.
 
 Real processes only: ``prefect server start``, ``nipflow prefect setup`` + ``prefect deploy
---all`` from ``deployments/prefect.yaml``, ``prefect worker start --pool nipflow-cpu``, the
-local OpenAI-compatible server with fine-tune jobs of about 12 s, and the real
-``pure_text_ei`` trainer (3 iterations of 24 rollouts; fine-tuning after iterations 0
-and 1, none after the last one, as in nip).
+--all`` from ``deployments/prefect.yaml``, ``prefect worker start``, the local
+OpenAI-compatible server with fine-tune jobs of about 25 s, and the real ``pure_text_ei``
+trainer (3 iterations of 24 rollouts; fine-tuning after iterations 0 and 1, none after the
+last one, as in nip).
 
-The flow run of ``train_experiment/cv-ei`` suspends itself on the first fine-tune wait;
-the worker is then SIGKILLed with its process group and every flow-run process it
-started (a host death: a watcher run may be in flight and die too); a new worker in
-another working directory takes over; the ``fine_tune_watcher`` deployment resumes the
-run once the jobs are done; the run suspends again on the second wait (on the new
-worker), is resumed again, and completes with exactly one fine-tune job per
-(iteration, group).
+The flow run of ``train_experiment/cv-ei`` (``prefect deployment run ... --param run_id=cv-1
+...``, which keeps the deployment's scenario, trainer, protocol and wait mode) suspends itself
+on the first fine-tune wait; while its jobs run, a ``fine_tune_watcher`` tick is in flight on
+the worker when the worker is SIGKILLed with its process group and every flow-run process it
+started (a host death). With Prefect's deployment concurrency limit that tick held the
+watcher's only slot for up to 300 s and every later tick was cancelled; the watcher has no
+slot now, so a new worker in another working directory resumes the run at its next tick:
+the test requires the resume within RESUME_BOUND_S of the kill. The run suspends again on the
+second wait (on the new worker), is resumed again, and completes with exactly one fine-tune
+job per (iteration, group).
 
 The only difference from ``deployments/prefect.yaml`` is the watcher's schedule: it is
 deployed from a copy of that file whose watcher interval is 10 s instead of 60 s, so that
@@ -23,57 +27,52 @@ deployment on the worker (server scheduler -> worker -> ``fine_tune_watcher`` fl
 -> ``resume_flow_run``); nothing in the test resumes the run itself. Workers poll every
 2 s (``PREFECT_WORKER_QUERY_SECONDS``) instead of 10 s, also only for speed.
 
-``train_experiment/nip-gi-ppo`` runs the real (tiny) GI ``vanilla_ppo`` trainer: its RL
-blocks are ``rl_iteration_block/rl-block`` flow runs on the worker of ``nipflow-gpu``. The
-device is the flow parameter ``parameters.device`` (``auto``), resolved to the CPU on this
-machine; ``NIPFLOW_DEVICE=cuda`` in that worker's environment (what the pool's job
-variables used to set) changes nothing. A block asked for ``cuda`` explicitly fails at
-once, naming ``parameters.device`` and the pool, without a retry.
+``train_experiment/nip-gi-ppo`` runs the real GI ``vanilla_ppo`` trainer twice: tiny, with
+the README's command (its RL blocks are ``rl_iteration_block/rl-block`` flow runs on the
+worker of ``nipflow-gpu``), then with the usage line of ``prefect.yaml`` (the deployment's
+own defaults, two iterations). The device is the flow parameter ``device`` (``auto``),
+resolved to the CPU on this machine; ``NIPFLOW_DEVICE=cuda`` in that worker's environment
+(what the pool's job variables used to set) changes nothing. A block asked for ``cuda``
+explicitly fails at once, naming ``parameters.device`` and the pool, without a retry.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import subprocess
 import time
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from prefect_e2e_processes import PREFECT, PREFECT_FILE, REPO, setup_and_deploy, wait_for
+from prefect_e2e_processes import (
+    PREFECT_FILE,
+    REPO,
+    flow_run_id_of,
+    prefect_file_with_watcher_interval,
+    prefect_yaml_usage_command,
+    readme_command,
+    setup_and_deploy,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-RUN_ID = "cv-e2e"
+RUN_ID = "cv-1"  # the README's
 NUM_ITERATIONS = 3  # fine-tuning after iterations 0 and 1 (none after the last, as in nip)
 FINE_TUNED_ITERATIONS = range(NUM_ITERATIONS - 1)
 GROUPS = {"prover", "verifier"}
 WATCHER_INTERVAL_S = 10
-JOB_TIME_SCALE = 0.5  # local server: 1.5 s validating + 1 s queued + at least 10 s running
-HYPER_PARAMS = {
-    "rl": {"num_iterations": NUM_ITERATIONS, "rollouts_per_iteration": 24},
-    "dataset_options": {"max_train_size": 24, "max_test_size": 4},
-    "nip_protocol": {"max_message_rounds": 4},
-    "text_rl": {"verifier_guess_replacement_proportion": 0.5, "test_scheme": "last"},
-}
+JOB_TIME_SCALE = 1.0  # local server: 3 s validating + 2 s queued + at least 20 s running
+RESUME_BOUND_S = 120  # kill -> resumed: a new worker (~15 s) + a tick (every 10 s, 3-14 s each)
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
 
 
-def prefect_file_with_fast_watcher(tmp_path: Path, *, active: bool = True) -> Path:
-    """``deployments/prefect.yaml`` with the watcher interval set to WATCHER_INTERVAL_S.
-
-    ``active=False`` deploys the watcher's schedule switched off (:meth:`Api.activate_watcher`).
-    """
-    text = PREFECT_FILE.read_text()
-    block = "entrypoint: flows.watcher.fine_tune_watcher"
-    head, tail = text.split(block)
-    schedule = "- interval: 60\n        active: true"
-    assert tail.count(schedule) >= 1
-    tail = tail.replace(schedule, f"- interval: {WATCHER_INTERVAL_S}\n        active: {str(active).lower()}", 1)
-    path = tmp_path / "prefect.yaml"
-    path.write_text(head + block + tail)
-    return path
+def prefect_file_with_fast_watcher(tmp_path: Path) -> Path:
+    """``deployments/prefect.yaml`` with the watcher interval set to WATCHER_INTERVAL_S."""
+    return prefect_file_with_watcher_interval(tmp_path, WATCHER_INTERVAL_S)
 
 
 class Api:
@@ -104,18 +103,18 @@ class Api:
         states.sort(key=lambda s: s.timestamp)
         return [f"{s.type.value}/{s.name}" for s in states]
 
+    def state_times(self, flow_run_id) -> list[tuple[datetime, str]]:
+        """``(timestamp, TYPE/Name)`` of every state the run has been in, oldest first."""
+        with self._client() as client:
+            states = client.read_flow_run_states(flow_run_id)
+        states.sort(key=lambda s: s.timestamp)
+        return [(s.timestamp, f"{s.type.value}/{s.name}") for s in states]
+
     def state_log(self, flow_run_id) -> str:
         with self._client() as client:
             states = client.read_flow_run_states(flow_run_id)
         states.sort(key=lambda s: s.timestamp)
         return "\n".join(f"  {s.timestamp:%H:%M:%S} {s.type.value}/{s.name} {s.message or ''}" for s in states)
-
-    def activate_watcher(self) -> None:
-        """Switch the fine-tune watcher's schedules on."""
-        with self._client() as client:
-            deployment = client.read_deployment_by_name("fine_tune_watcher/fine-tune-watcher")
-            for schedule in client.read_deployment_schedules(deployment.id):
-                client.update_deployment_schedule(deployment.id, schedule.id, active=True)
 
     def runs_of(self, flow_name: str):
         from prefect.client.schemas.filters import FlowFilter, FlowFilterName
@@ -142,56 +141,78 @@ def llm_server(tmp_path):
         yield server
 
 
-def test_suspended_run_survives_worker_kill_and_completes(prefect_server, workers, llm_server, tmp_path):
+def start_watched(prefect_server, command: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+    """Start a ``prefect deployment run ... --watch`` command; it and its flow run id."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, cwd=REPO, env=prefect_server.client_env(), stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    flow_run_id = wait_for(lambda: flow_run_id_of(log.read_text()) or proc.poll() is not None,
+                           "the flow run's id", 120, [log])
+    assert isinstance(flow_run_id, str), log.read_text()
+    return proc, flow_run_id
+
+
+def test_watcher_killed_mid_tick_stalls_nothing_and_the_suspended_run_completes(prefect_server, workers, llm_server,
+                                                                                 tmp_path):
     started = time.monotonic()
     api = Api(prefect_server.api_url)
     runs_dir = tmp_path / "runs"
     worker_env = {"NIPFLOW_PROJECT_DIR": str(REPO), "NIPFLOW_RUNS_DIR": str(runs_dir),
                   "OPENAI_BASE_URL": llm_server.base_url, "PREFECT_WORKER_QUERY_SECONDS": "2"}
 
-    # The watcher's schedule starts switched off: a watcher run in flight on worker-a when it
-    # is killed is left Running and holds the watcher's one concurrency slot; in one CI run
-    # every tick of the next 4 minutes was cancelled (grace_period_seconds 60 notwithstanding).
-    # That is a separate gap, not what this test is about. It is switched on once worker-b
-    # serves the pool.
-    setup_and_deploy(prefect_server, prefect_file_with_fast_watcher(tmp_path, active=False))
+    setup_and_deploy(prefect_server, prefect_file_with_fast_watcher(tmp_path))
     first = workers.start(tmp_path / "worker-a", name="worker-a", env=worker_env)
-    logs = [first.log]
-
-    parameters = {"scenario": "code_validation", "trainer": "pure_text_ei", "protocol": "nip",
-                  "wait_mode": "suspend", "run_id": RUN_ID, "params": HYPER_PARAMS}
-    out = prefect_server.cli(PREFECT, "deployment", "run", "train_experiment/cv-ei",
-                             "--param", f"parameters={json.dumps(parameters)}").stdout
-    found = re.search(r"UUID:\s*([0-9a-f]{8}-[0-9a-f-]{27})", out)
-    assert found, out
-    flow_run_id = found.group(1)
+    logs = [first.log, tmp_path / "watch.log"]
+    command = readme_command("train_experiment/cv-ei")
+    assert f"run_id={RUN_ID}" in command and f"num_iterations={NUM_ITERATIONS}" in command
+    watch, flow_run_id = start_watched(prefect_server, command, logs[1])
 
     # 1. the run samples, creates its fine-tune jobs and suspends itself
     wait_for(lambda: api.flow_run(flow_run_id).state.name == "Suspended" or
              api.flow_run(flow_run_id).state.type.value in TERMINAL,
              "the flow run to suspend", 150, logs)
     assert api.flow_run(flow_run_id).state.name == "Suspended", api.state_history(flow_run_id)
-    # its flow-run process has exited: no process holds the wait (watcher runs may be alive)
     suspended_at = time.monotonic() - started
 
-    # 2. the worker dies (SIGKILL, with its process group and any flow-run process)
-    first.kill()
-    assert not first.alive()
+    # 2. a watcher tick is in flight while the jobs still run: the worker dies (SIGKILL, with
+    #    its process group and every flow-run process), the tick with it
+    client = llm_server.client()
 
-    # 3. a new worker in another directory; the scheduled watcher resumes the run
+    def jobs_pending() -> bool:
+        jobs = client.fine_tuning.jobs.list(limit=100).data
+        return bool(jobs) and any(j.status not in ("succeeded", "failed", "cancelled") for j in jobs)
+
+    def tick_in_flight():
+        ticks = [r for r in api.runs_of("fine_tune_watcher") if r.state and r.state.type.value == "RUNNING"]
+        return ticks if ticks and jobs_pending() else None
+
+    in_flight = wait_for(tick_in_flight, "a watcher tick in flight while the jobs run", 60, logs, interval=0.2)
+    first.kill()
+    killed_at = datetime.now(timezone.utc)
+    assert jobs_pending(), "the jobs finished before the kill: the killed tick might have resumed the run"
+    assert api.flow_run(flow_run_id).state.name == "Suspended"
+
+    # 3. a new worker in another directory; the next watcher tick resumes the run
     second = workers.start(tmp_path / "worker-b", name="worker-b", env=worker_env)
     logs.append(second.log)
-    api.activate_watcher()
     wait_for(lambda: api.flow_run(flow_run_id).state.type.value in TERMINAL,
-             "the flow run to finish", 240, logs)
+             "the flow run to finish", 300, logs)
+    assert watch.wait(60) == 0, logs[1].read_text()[-3000:]  # the README's --watch command ends 0
 
     history = api.state_history(flow_run_id)
     print(f"\nflow run {flow_run_id} states:\n{api.state_log(flow_run_id)}")
-    print(f"killed with worker-a: {first.killed_pids}")
-    print(f"since the test started: suspended after {suspended_at:.1f} s, "
-          f"finished after {time.monotonic() - started:.1f} s")
+    print(f"killed with worker-a: {first.killed_pids}; ticks in flight: {[r.name for r in in_flight]}")
+    resumed_at = [ts for ts, name in api.state_times(flow_run_id) if name == "SCHEDULED/Resuming" and ts > killed_at]
+    print(f"since the test started: suspended after {suspended_at:.1f} s, finished after "
+          f"{time.monotonic() - started:.1f} s; resumed {(resumed_at[0] - killed_at).total_seconds():.1f} s "
+          f"after the kill")
+    assert (resumed_at[0] - killed_at).total_seconds() <= RESUME_BOUND_S
     final = api.flow_run(flow_run_id)
     assert final.state.type.value == "COMPLETED", history
+    # the ticks after the kill ran: none was turned away for a slot the dead tick held
+    cancelled = [r.name for r in api.runs_of("fine_tune_watcher") if r.state and r.state.type.value == "CANCELLED"]
+    assert cancelled == []
+    assert all(api.flow_run(r.id).state.type.value != "COMPLETED" for r in in_flight)  # they died mid-tick
 
     # one suspension per fine-tune wait (the first on worker-a, the second on worker-b),
     # each ended by a resume (Suspended -> Scheduled/Resuming), never by a crash
@@ -211,7 +232,6 @@ def test_suspended_run_survives_worker_kill_and_completes(prefect_server, worker
     assert suspension_keys == {str(it): 1 for it in FINE_TUNED_ITERATIONS}
 
     # the llm server: exactly one fine-tune job per (iteration, group) of this run
-    client = llm_server.client()
     all_jobs = client.fine_tuning.jobs.list(limit=100).data
     jobs = [j for j in all_jobs if (j.metadata or {}).get("nipflow_run_id") == RUN_ID]
     assert len(jobs) == len(all_jobs)
@@ -230,47 +250,36 @@ def test_suspended_run_survives_worker_kill_and_completes(prefect_server, worker
     assert all(j.status == "succeeded" for j in jobs)
 
 
-GI_RUN_ID = "gi-e2e"
+GI_RUN_ID = "gi-1"  # the README's
 GI_ITERATIONS = 2
 
 
-def gi_parameters(tmp_path: Path, run_id: str, **fields) -> dict:
-    """A tiny real GI vanilla_ppo experiment, one RL block per iteration."""
-    from nip_core.parameters.agents import GraphIsomorphismAgentParameters
-
-    tiny = GraphIsomorphismAgentParameters.construct_test_params().model_dump(mode="json")
-    rl = {"frames_per_batch": 16, "num_iterations": GI_ITERATIONS, "num_epochs": 1, "minibatch_size": 8,
-          "num_test_iterations": 1, "num_normalization_steps": 3}
-    return {"scenario": "graph_isomorphism", "trainer": "vanilla_ppo", "protocol": "nip", "dataset": "test",
-            "run_id": run_id, "block_size": 1, "params": {"d_representation": 2, "agents": {"_default": tiny},
-                                                          "rl": rl},
-            "settings_overrides": {"data_dir": str(tmp_path / "data")}, **fields}
-
-
 def test_gi_deployment_trains_on_the_cpu_through_the_gpu_pool(prefect_server, workers, tmp_path):
-    import io
-
-    import torch
-
     started = time.monotonic()
     api = Api(prefect_server.api_url)
     runs_dir = tmp_path / "runs"
     worker_env = {"NIPFLOW_PROJECT_DIR": str(REPO), "NIPFLOW_RUNS_DIR": str(runs_dir),
-                  "PREFECT_WORKER_QUERY_SECONDS": "2"}
+                  "NIPFLOW_DATA_DIR": str(tmp_path / "data"), "PREFECT_WORKER_QUERY_SECONDS": "2"}
 
     setup_and_deploy(prefect_server)
     cpu = workers.start(tmp_path / "cpu", pool="nipflow-cpu", name="gi-cpu", env=worker_env)
     # what the gpu pool's job variables used to set: it must not decide the device any more
     gpu = workers.start(tmp_path / "gpu", pool="nipflow-gpu", name="gi-gpu",
                         env={**worker_env, "NIPFLOW_DEVICE": "cuda"})
-    logs = [cpu.log, gpu.log]
+    logs = [cpu.log, gpu.log, tmp_path / "watch.log"]
 
-    flow_run_id = api.start("train_experiment/nip-gi-ppo", {"parameters": gi_parameters(tmp_path, GI_RUN_ID)})
-    wait_for(lambda: api.flow_run(flow_run_id).state.type.value in TERMINAL, "the GI run to finish", 400, logs,
-             interval=2)
+    # the README's command: a few --param on top of the deployment's defaults
+    command = readme_command("train_experiment/nip-gi-ppo")
+    assert f"run_id={GI_RUN_ID}" in command and f"num_iterations={GI_ITERATIONS}" in command
+    watch, flow_run_id = start_watched(prefect_server, command, logs[2])
+    assert watch.wait(400) == 0, logs[2].read_text()[-3000:]  # --watch: it ends 0 once the run completed
     finished_after = time.monotonic() - started
     final = api.flow_run(flow_run_id)
     assert final.state.type.value == "COMPLETED", f"{final.state.message}\n{api.state_log(flow_run_id)}"
+    # the deployment's fields the command left alone are kept (a key-by-key merge)
+    assert {k: final.parameters[k] for k in ("scenario", "trainer", "protocol", "dataset", "block_size")} == {
+        "scenario": "graph_isomorphism", "trainer": "vanilla_ppo", "protocol": "nip", "dataset": "test",
+        "block_size": 1}
 
     # every block ran once, with the real trainer, on the gpu pool's worker, on the CPU
     blocks = [r for r in api.runs_of("rl_iteration_block")
@@ -285,12 +294,25 @@ def test_gi_deployment_trains_on_the_cpu_through_the_gpu_pool(prefect_server, wo
     data, manifest = RunStore(str(runs_dir)).open_run(GI_RUN_ID).load_checkpoint_bytes(
         f"iter_{GI_ITERATIONS:06d}")
     assert manifest["iteration"] == GI_ITERATIONS
-    agents = torch.load(io.BytesIO(data), weights_only=False)["agents"]  # no map_location: as written
+    from nip_core.trainers.checkpoint_files import read_checkpoint
+
+    agents = read_checkpoint(data, source="the final checkpoint")["agents"]  # safetensors: loaded on the CPU
     assert agents and {t.device.type for t in agents.values()} == {"cpu"}
+
+    # the usage line of prefect.yaml: the deployment's own defaults, two iterations (one block)
+    usage = prefect_server.cli(*prefect_yaml_usage_command()).stdout
+    usage_run_id = flow_run_id_of(usage)
+    wait_for(lambda: api.flow_run(usage_run_id).state.type.value in TERMINAL, "the prefect.yaml run to finish",
+             400, logs, interval=2)
+    usage_run = api.flow_run(usage_run_id)
+    assert usage_run.state.type.value == "COMPLETED", api.state_log(usage_run_id)
+    usage_params = json.loads((runs_dir / usage_run.parameters["run_id"] / "hyper_params.json").read_text())
+    assert (usage_params["dataset"], usage_params["rl"]["num_iterations"]) == ("small", 2)
+    print(f"\nprefect.yaml usage run completed in {usage_run.total_run_time}")
 
     # a block asked for CUDA explicitly fails at once on this host: no retry, nothing built
     spec = {"params": blocks[0].parameters["spec"]["params"],
-            "settings": {**blocks[0].parameters["spec"]["settings"], "run_id": "gi-e2e-cuda", "device": "cuda"}}
+            "settings": {**blocks[0].parameters["spec"]["settings"], "run_id": "gi-cuda", "device": "cuda"}}
     cuda_run_id = api.start("rl_iteration_block/rl-block",
                             {"spec": spec, "block": {"index": 0, "start": 0, "stop": 1}})
     wait_for(lambda: api.flow_run(cuda_run_id).state.type.value in TERMINAL, "the cuda block to fail", 120, logs)
@@ -301,4 +323,4 @@ def test_gi_deployment_trains_on_the_cpu_through_the_gpu_pool(prefect_server, wo
     assert "parameters.device is 'cuda' but " in cuda_run.state.message
     assert "work pool 'nipflow-gpu'" in cuda_run.state.message
     assert cuda_run.run_count == 0 and not any(h.startswith("RUNNING") for h in history), history
-    assert not (runs_dir / "gi-e2e-cuda").exists()
+    assert not (runs_dir / "gi-cuda").exists()

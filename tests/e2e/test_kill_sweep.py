@@ -17,7 +17,6 @@ the one of an uninterrupted run.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import random
@@ -33,6 +32,7 @@ import torch
 
 from nip_core.llm.testing import local_api_server
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
+from nip_core.trainers.checkpoint_files import read_checkpoint
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -198,7 +198,7 @@ def final_checkpoint(run_dir: Path) -> bytes:
 
 
 def agent_tensors(data: bytes) -> dict[str, torch.Tensor]:
-    state = torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+    state = read_checkpoint(data, source="the final checkpoint", map_location="cpu")
     return {k: v for k, v in state["agents"].items() if isinstance(v, torch.Tensor)}
 
 

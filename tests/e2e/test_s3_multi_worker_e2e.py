@@ -86,8 +86,8 @@ def test_sweep_on_s3_spreads_over_two_workers_and_runs_every_stage_once(
     logs = [w.log for w in started_workers]
 
     sweep_run = api.start("sweep/sweep", {
-        "base": {"scenario": "code_validation", "trainer": "pure_text_ei", "protocol": "nip",
-                 "overrides": ["rl.num_iterations=1"], "runs_dir": RUNS_URL},
+        "scenario": "code_validation", "trainer": "pure_text_ei", "protocol": "nip",
+        "overrides": ["rl.num_iterations=1"], "runs_dir": RUNS_URL,
         "grid": {"seed": SEEDS}, "sweep_id": SWEEP_ID, "deployment_name": "train_experiment/sweep-point"})
     wait_for(lambda: api.flow_run(sweep_run).state.type.value in TERMINAL, "the sweep to finish", 300, logs,
              interval=2)
@@ -98,10 +98,10 @@ def test_sweep_on_s3_spreads_over_two_workers_and_runs_every_stage_once(
     # one flow run per point, completed on its first attempt
     run_ids = [f"{SWEEP_ID}-{i:03d}" for i in range(len(SEEDS))]
     children = [r for r in api.flow_runs("train_experiment")
-                if r.parameters["parameters"].get("run_id", "").startswith(SWEEP_ID)]
-    assert sorted(r.parameters["parameters"]["run_id"] for r in children) == run_ids
+                if r.parameters.get("run_id", "").startswith(SWEEP_ID)]
+    assert sorted(r.parameters["run_id"] for r in children) == run_ids
     assert {(r.state.type.value, r.work_pool_name, r.run_count) for r in children} == {("COMPLETED", "nipflow-cpu", 1)}
-    by_run_id = {r.parameters["parameters"]["run_id"]: r for r in children}
+    by_run_id = {r.parameters["run_id"]: r for r in children}
 
     fs = s3_server.fs()
     placement = {}

@@ -17,5 +17,5 @@ from flows.experiment import train_experiment  # noqa: E402
 from flows.parameters import ExperimentParameters  # noqa: E402
 
 if __name__ == "__main__":
-    state = train_experiment(ExperimentParameters.model_validate_json(sys.argv[1]), return_state=True)
+    state = train_experiment(**ExperimentParameters.model_validate_json(sys.argv[1]).flow_parameters(), return_state=True)
     sys.exit(0 if state.is_completed() else 1)

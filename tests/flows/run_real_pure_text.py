@@ -21,5 +21,5 @@ from tests.kill_points import install_from_env  # noqa: E402
 if __name__ == "__main__":
     install_from_env()
     with tags(sys.argv[2]):
-        state = train_experiment(ExperimentParameters.model_validate_json(sys.argv[1]), return_state=True)
+        state = train_experiment(**ExperimentParameters.model_validate_json(sys.argv[1]).flow_parameters(), return_state=True)
     sys.exit(0 if state.is_completed() else 1)

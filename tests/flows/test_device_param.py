@@ -176,7 +176,7 @@ def test_explicit_cuda_block_fails_before_running_and_spends_no_retry(prefect_se
 def test_explicit_cuda_experiment_fails_in_the_parent_naming_the_parameter(prefect_server, tmp_path):
     from flows.experiment import train_experiment
 
-    state = train_experiment(_gi_parameters(tmp_path, "dev-cuda-parent", device="cuda"), return_state=True)
+    state = train_experiment(**_gi_parameters(tmp_path, "dev-cuda-parent", device="cuda").flow_parameters(), return_state=True)
     assert state.is_failed()
     assert "parameters.device is 'cuda' but " in state.message and "not in a work pool" in state.message
     assert not (tmp_path / "runs" / "dev-cuda-parent").exists()
@@ -194,7 +194,7 @@ def test_blocks_get_the_parents_device_through_the_runspec_not_the_environment(p
     monkeypatch.setenv("NIPFLOW_DEVICE", "cuda")
     for run_id, device in (("dev-auto", None), ("dev-cpu", "cpu")):
         fields = {"device": device} if device else {}
-        state = train_experiment(_gi_parameters(tmp_path, run_id, **fields), return_state=True)
+        state = train_experiment(**_gi_parameters(tmp_path, run_id, **fields).flow_parameters(), return_state=True)
         assert state.is_completed(), state.message
         assert state.result()["iteration"] == 2
         blocks = [r for r in _child_runs(state.state_details.flow_run_id) if r.name.startswith("rl-block")]
@@ -288,8 +288,7 @@ def test_flow_parameters_are_all_optional_so_a_deployment_form_can_be_saved():
         assert flow.parameters.required == [], flow.name
         # what the UI checks on Save: the deployment's parameter values, required included
         assert validate({}, schema, raise_on_error=False, preprocess=True, ignore_required=False) == []
-    assert "required" not in experiment["definitions"]["ExperimentParameters"]
-    assert experiment["properties"]["parameters"]["default"]["device"] == "auto"  # still the typed form
+    assert experiment["properties"]["device"]["default"] == "auto"  # a typed top-level parameter
     assert "required" not in block["definitions"]["RunSpec"]  # 'params'/'settings' refused Save before
     assert validate({"spec": {}}, block, raise_on_error=False, preprocess=True, ignore_required=False) == []
     assert block["properties"]["spec"]["default"] is None and block["properties"]["block"]["default"] is None

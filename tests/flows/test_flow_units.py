@@ -164,3 +164,52 @@ def test_run_id_derives_from_the_flow_run_when_not_given():
     assert a == "gr-vanilla_ppo-nip-0f8e2c1a1111"
     assert p.settings(hp, "0f8e2c1a-1111-2222-3333-444455556666").run_id == a  # stable on resume
     assert p.model_copy(update={"run_id": "mine"}).settings(hp, "0f8e").run_id == "mine"
+
+
+def test_a_crashed_block_is_waited_for_and_dispatched_again_until_its_third_crash(prefect_server, monkeypatch):
+    """The parent of a deployed block counts Crashed as final only at the block's third crash, and
+    puts a block still Crashed after the grace period (no reschedule automation) back to Scheduled."""
+    import logging
+    import threading
+    import time
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Completed, Crashed, Running
+
+    from flows import rl_blocks
+    from tasks.rl_block import Block
+
+    @flow(name="block-stand-in")
+    def stand_in():
+        pass
+
+    monkeypatch.setattr(rl_blocks, "BLOCK_POLL_S", 0.05)
+    monkeypatch.setattr(rl_blocks, "CRASHED_GRACE_S", 0.5)
+    monkeypatch.setattr(rl_blocks, "get_run_logger", lambda: logging.getLogger("test"))  # no run context here
+    block = Block(index=0, start=0, stop=1)
+    with get_client(sync_client=True) as client:
+        # only a run of a deployment may go back to Scheduled (as deployed blocks are)
+        deployment_id = client.create_deployment(flow_id=client.create_flow(stand_in), name="blocks")
+        child = client.create_flow_run_from_deployment(deployment_id)
+        client.set_flow_run_state(child.id, Running(), force=True)
+        client.set_flow_run_state(child.id, Crashed(message="worker died"), force=True)
+        found = {}
+        waiter = threading.Thread(target=lambda: found.update(run=rl_blocks._wait_for_block(child.id, block)))
+        waiter.start()
+        # not final for the parent: after the grace period it is put back to Scheduled
+        deadline = time.monotonic() + 20
+        while client.read_flow_run(child.id).state.type.value != "SCHEDULED" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.read_flow_run(child.id).state.name == "Scheduled" and waiter.is_alive()
+        # it runs and crashes twice more: the third crash is final
+        for _ in range(2):
+            client.set_flow_run_state(child.id, Running(), force=True)
+            client.set_flow_run_state(child.id, Crashed(message="worker died"), force=True)
+            time.sleep(0.3)
+        waiter.join(20)
+        assert not waiter.is_alive() and found["run"].state.is_crashed()
+        # a block that completes is returned as it is
+        done = client.create_flow_run(stand_in)
+        client.set_flow_run_state(done.id, Completed(), force=True)
+        assert rl_blocks._wait_for_block(done.id, block).state.is_completed()

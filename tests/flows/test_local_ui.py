@@ -97,7 +97,7 @@ def test_nipflow_ui_serves_the_history_of_a_local_run_and_stops_on_sigterm(tmp_p
         assert ui.poll() is None, ui.communicate()[1][-3000:]
         assert _get(f"{base}/api/health") is True
         runs = _get(f"{base}/api/flow_runs/filter", {})
-        main_runs = [r for r in runs if r["parameters"].get("parameters", {}).get("run_id") == "seen"]
+        main_runs = [r for r in runs if r["parameters"].get("run_id") == "seen"]
         assert [r["state_type"] for r in main_runs] == ["COMPLETED"]
         settings = _get(f"{base}/ui-settings")  # what the served UI calls
         assert settings["api_url"] == f"{base}/api"
@@ -122,5 +122,8 @@ def test_nipflow_ui_refuses_a_runs_dir_without_history_and_a_remote_store(tmp_pa
     assert "--runs-dir s3://bucket/runs is a remote run store" in capsys.readouterr().err
     (tmp_path / "runs" / ".prefect").mkdir(parents=True)
     (tmp_path / "runs" / ".prefect" / "prefect.db").write_bytes(b"")
-    assert main(["ui", "--runs-dir", str(tmp_path / "runs"), "--port", "70000"]) == 2
-    assert "--port must be between 1 and 65535, got 70000" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # refused while parsing: one line naming the option
+        main(["ui", "--runs-dir", str(tmp_path / "runs"), "--port", "70000"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == ("nipflow ui: error: argument --port: expected a port number from 1 to 65535, "
+                                       "got 70000\n")

@@ -21,7 +21,7 @@ def _schema():
 
 
 def _enum(schema, field):
-    prop = schema["definitions"]["ExperimentParameters"]["properties"][field]
+    prop = schema["properties"][field]
     (choice,) = [s for s in prop["anyOf"] if s.get("type") != "null"]
     return choice["enum"]
 
@@ -44,8 +44,8 @@ def test_the_dropdowns_list_exactly_the_registries():
 def test_params_is_a_typed_nested_form_with_descriptions():
     schema = _schema()
     defs = schema["definitions"]
-    params = schema["definitions"]["ExperimentParameters"]["properties"]["params"]
-    assert params["$ref"] == "#/definitions/HyperParametersPartial"
+    params = schema["properties"]["params"]
+    assert params["anyOf"][0]["$ref"] == "#/definitions/HyperParametersPartial"
     rl = defs["RlTrainerParametersPartial"]["properties"]
     assert rl["num_iterations"]["anyOf"][0] == {"minimum": 0, "type": "integer"}
     assert rl["num_iterations"]["default"] is None and rl["num_iterations"]["description"]
@@ -74,11 +74,13 @@ def test_deployment_defaults_conform_to_the_schema():
                             ignore_required=True) == []
             checked += 1
     assert checked == 2
-    nested = {"parameters": {"trainer": "spg", "num_iterations": 3,
-                             "params": {"rl": {"lr": 0.01}, "agents": {"prover": {"kind": "random"}}}}}
+    nested = {"trainer": "spg", "num_iterations": 3,
+              "params": {"rl": {"lr": 0.01}, "agents": {"prover": {"kind": "random"}}}}
     assert validate(nested, schema, raise_on_error=False, preprocess=True, ignore_required=True) == []
-    bad = {"parameters": {"trainer": "no_such_trainer", "params": {"rl": {"num_iterations": -1}}}}
-    assert len(validate(bad, schema, raise_on_error=False, preprocess=True, ignore_required=True)) >= 1
+    bad = {"trainer": "no_such_trainer", "params": {"rl": {"num_iterations": -1}}}
+    assert len(validate(bad, schema, raise_on_error=False, preprocess=True, ignore_required=True)) >= 2
+    assert validate({"num_iterations": -1}, schema, raise_on_error=False, preprocess=True,
+                    ignore_required=True) != []
 
 
 @pytest.mark.parametrize("trainer,kind_field", [("vanilla_ppo", "rl.num_iterations"),
@@ -134,7 +136,7 @@ def test_a_dataset_of_the_wrong_scenario_lists_the_valid_ones():
 
 
 def test_params_as_a_nested_typed_object_and_as_a_legacy_dict():
-    from flows.parameters import PartialHyperParameters
+    from flows.form_fields import PartialHyperParameters
 
     typed = ExperimentParameters(**GI, params=PartialHyperParameters(rl={"num_iterations": 7}, seed=5))
     legacy = ExperimentParameters.model_validate({**GI, "params": {"rl": {"num_iterations": 7}, "seed": 5}})
@@ -193,3 +195,63 @@ def test_sweep_points_keep_the_typed_fields():
     child = point_parameters(base, "sw", 1, {"seed": 9})
     hp = child.hyper_params()
     assert (child.run_id, hp.seed, hp.rl.num_iterations, hp.rl.lr) == ("sw-001", 9, 2, 0.5)
+
+
+FLOWS = ("flows.experiment:train_experiment", "flows.retrain:scheduled_retraining", "flows.sweep:sweep")
+
+
+def _flow(path):
+    import importlib
+
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("path", FLOWS)
+def test_every_field_is_a_top_level_flow_parameter_with_the_models_default_and_description(path):
+    """The fields merge key by key with a deployment's defaults only if they are top-level."""
+    import inspect
+
+    from prefect.utilities.callables import parameter_schema
+
+    flow = _flow(path)
+    own = {"scheduled_retraining": {"warm_start_from"}, "sweep": {"run_id"}}.get(flow.name, set())
+    signature = inspect.signature(flow.fn).parameters
+    fields = ExperimentParameters.model_fields
+    assert set(fields) - set(signature) == own  # only the fields the flow decides itself are missing
+    properties = parameter_schema(flow).model_dump_for_openapi()["properties"]
+    for name in set(fields) - own:
+        model_default = fields[name].get_default(call_default_factory=True)
+        default = signature[name].default
+        assert default == model_default or (default is None and model_default in ([], {})) or (
+            name == "params" and default is None), name
+        assert properties[name]["description"] == fields[name].description, name
+    assert "parameters" not in signature and "base" not in signature
+
+
+def test_a_run_parameter_replaces_one_field_of_the_deployments_defaults():
+    """What the server does for ``prefect deployment run ... --param run_id=x``: a shallow merge."""
+    import yaml
+    from pathlib import Path
+
+    spec = yaml.safe_load((Path(__file__).parents[2] / "deployments" / "prefect.yaml").read_text())
+    (gi,) = [d for d in spec["deployments"] if d["name"] == "nip-gi-ppo"]
+    merged = {**gi["parameters"], "run_id": "gi-1", "num_iterations": 2}
+    parameters = ExperimentParameters.from_flow_parameters(
+        _flow(FLOWS[0]).validate_parameters(merged))
+    hp = parameters.hyper_params()
+    assert (hp.scenario, hp.trainer, hp.interaction_protocol, hp.dataset, hp.rl.num_iterations) == (
+        "graph_isomorphism", "vanilla_ppo", "nip", "small", 2)
+    assert (parameters.run_id, parameters.block_size) == ("gi-1", 10)
+
+
+def test_flow_parameters_round_trip_and_read_the_old_nested_form():
+    p = ExperimentParameters(**GI, num_iterations=3, params={"rl": {"lr": 0.01}}, overrides=["seed=4"],
+                             settings_overrides={"data_dir": "d"}, run_id="r")
+    as_json = p.flow_parameters(mode="json")
+    assert set(as_json) == {"scenario", "trainer", "num_iterations", "params", "overrides",
+                            "settings_overrides", "run_id"}
+    assert ExperimentParameters.from_flow_parameters(as_json) == p
+    # a run suspended by a version whose only flow parameter was ``parameters``
+    assert ExperimentParameters.from_flow_parameters({"parameters": p.model_dump(mode="json")}) == p
+    assert ExperimentParameters().flow_parameters() == {}

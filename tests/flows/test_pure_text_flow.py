@@ -49,14 +49,14 @@ def test_new_flow_run_reuses_completed_stages(fakes, tmp_path):
     from flows.experiment import train_experiment
 
     params = _params(tmp_path, "text-cache")
-    first = train_experiment(params, return_state=True)
+    first = train_experiment(**params.flow_parameters(), return_state=True)
     assert first.is_completed(), first.message
     run_dir = tmp_path / "runs" / "text-cache"
     ends = _ends(fakes, run_dir)
     assert len(ends) == STAGES_PER_RUN_2_ITERATIONS and set(ends.values()) == {1}
     assert first.result()["iteration"] == 2
 
-    second = train_experiment(params, return_state=True)
+    second = train_experiment(**params.flow_parameters(), return_state=True)
     assert second.is_completed()
     assert _ends(fakes, run_dir) == ends  # nothing executed again
     names = _task_runs(second.state_details.flow_run_id)
@@ -99,7 +99,7 @@ def test_sigkill_inside_a_stage_then_resume(fakes, tmp_path, subprocess_env):
     child.send_signal(signal.SIGKILL)
     child.wait()
 
-    resumed = train_experiment(params, return_state=True)
+    resumed = train_experiment(**params.flow_parameters(), return_state=True)
     assert resumed.is_completed(), resumed.message
     ends = _ends(fakes, run_dir)
     assert len(ends) == STAGES_PER_RUN_2_ITERATIONS and set(ends.values()) == {1}
@@ -132,7 +132,7 @@ def test_two_processes_racing_execute_each_stage_once(fakes, tmp_path, subproces
     child = _start_child(params, subprocess_env, FAKE_SLEEP_AT="0:log_stats", FAKE_SLEEP_S="3")
     started = lambda: any(e["event"] == "start" and e["stage"] == "log_stats" for e in fakes.executions(run_dir))  # noqa: E731
     _wait_for(started, child)
-    here = train_experiment(params, return_state=True)  # races the child from log_stats on
+    here = train_experiment(**params.flow_parameters(), return_state=True)  # races the child from log_stats on
     assert child.wait(timeout=120) == 0, child.stdout.read().decode()[-3000:]
     assert here.is_completed()
     starts = Counter((e["iteration"], e["stage"]) for e in fakes.executions(run_dir) if e["event"] == "start")

@@ -159,7 +159,7 @@ def test_real_pure_text_flow_sigkilled_in_every_stage_resumes_to_the_clean_resul
     markers.mkdir()
     with local_api_server(tmp_path, job_time_scale=0.02) as server:
         # -- the uninterrupted reference, in this process
-        clean = train_experiment(_params(runs, "clean", server.base_url), return_state=True)
+        clean = train_experiment(**_params(runs, "clean", server.base_url).flow_parameters(), return_state=True)
         assert clean.is_completed(), clean.message
         assert clean.result()["iteration"] == 2
         clean_states = _final_task_states(clean.state_details.flow_run_id, dict.fromkeys(TASK_NAMES))

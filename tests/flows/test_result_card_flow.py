@@ -102,7 +102,7 @@ def test_parent_flow_run_carries_one_progress_one_full_table_and_the_card(prefec
     from flows.experiment import train_experiment
 
     torch.set_num_threads(1)
-    state = train_experiment(_parameters(tmp_path, "card-gi"), return_state=True)
+    state = train_experiment(**_parameters(tmp_path, "card-gi").flow_parameters(), return_state=True)
     assert state.is_completed(), state.message
     assert state.result()["iteration"] == 4
     _check_parent_and_blocks(state, "card-gi", str(tmp_path / "runs"))
@@ -129,7 +129,7 @@ def test_blocks_trained_by_other_trainer_objects_still_give_4_of_4(prefect_serve
         return trainer
 
     monkeypatch.setattr(rl_blocks, "trainer_from_spec", fresh_trainer)
-    state = experiment.train_experiment(_parameters(tmp_path, "card-fresh"), return_state=True)
+    state = experiment.train_experiment(**_parameters(tmp_path, "card-fresh").flow_parameters(), return_state=True)
     assert state.is_completed(), state.message
     assert len(built) == 2
     _check_parent_and_blocks(state, "card-fresh", str(tmp_path / "runs"))

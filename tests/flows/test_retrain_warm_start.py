@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import io
-
 import torch
 
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
+from nip_core.trainers.checkpoint_files import read_checkpoint
 
 TINY = GraphIsomorphismAgentParameters.construct_test_params().model_dump()
 ITERATIONS = 2
@@ -47,14 +46,14 @@ def test_scheduled_retraining_starts_from_the_previous_run_final_weights(prefect
     torch.set_num_threads(1)
     initial = _capture_first_iteration_weights(monkeypatch)
 
-    first = train_experiment(_parameters(tmp_path, run_id="first"), return_state=True)
+    first = train_experiment(**_parameters(tmp_path, run_id="first").flow_parameters(), return_state=True)
     assert first.is_completed(), first.message
     store = RunStore(str(tmp_path / "runs"))
     final_name = f"iter_{ITERATIONS:06d}"
     data, manifest = store.open_run("first").load_checkpoint_bytes(final_name)
-    first_final = torch.load(io.BytesIO(data), weights_only=False)["agents"]
+    first_final = read_checkpoint(data, source=final_name)["agents"]  # safetensors + JSON, never unpickled
 
-    retrained = scheduled_retraining(_parameters(tmp_path), return_state=True)
+    retrained = scheduled_retraining(**_parameters(tmp_path).flow_parameters(), return_state=True)
     assert retrained.is_completed(), retrained.message
     result = retrained.result()
     new_id = result["run_id"]

@@ -3,12 +3,11 @@ the final parameters equal those of an uninterrupted ``Trainer.train()`` run, bi
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
+from nip_core.trainers.checkpoint_files import read_checkpoint
 
 TINY = GraphIsomorphismAgentParameters.construct_test_params().model_dump()
 ITERATIONS, BLOCK, FAULT_AT = 4, 2, 3  # the fault hits the second block, after one of its iterations
@@ -31,7 +30,7 @@ def _final_agents(tmp_path, run_id):
     data, manifest = RunStore(str(tmp_path / "runs")).open_run(run_id).load_checkpoint_bytes(
         f"iter_{ITERATIONS:06d}")
     assert manifest["iteration"] == ITERATIONS
-    return torch.load(io.BytesIO(data), weights_only=False)["agents"]
+    return read_checkpoint(data, source=run_id)["agents"]  # safetensors + JSON, never unpickled
 
 
 @pytest.mark.slow
@@ -60,7 +59,7 @@ def test_faulty_block_is_retried_and_ends_with_the_uninterrupted_parameters(pref
         return inner(self, iteration)
 
     monkeypatch.setattr(TensorDictRlTrainer, "_train_iteration", faulty)
-    state = train_experiment(_parameters(tmp_path, "faulty"), return_state=True)
+    state = train_experiment(**_parameters(tmp_path, "faulty").flow_parameters(), return_state=True)
     assert state.is_completed(), state.message
     # block 1 ([2, 4)) ran iteration 2 again after the fault: it restarted from the block-0 checkpoint
     assert calls == [0, 1, 2, 3, 2, 3]

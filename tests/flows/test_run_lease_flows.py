@@ -33,7 +33,7 @@ def test_a_flow_run_holds_the_lease_while_it_trains_and_gives_it_back(fakes, tmp
             seen.append(view.generation)
 
     monkeypatch.setattr(fakes, "record", record_and_compete)
-    state = train_experiment(_params(tmp_path, "leased"), return_state=True)
+    state = train_experiment(**_params(tmp_path, "leased").flow_parameters(), return_state=True)
     assert state.is_completed()
     assert seen == [1, 1]  # both blocks ran under the experiment's one claim
     assert RunLock(storage, "leased").view().owner is None  # released at the end
@@ -46,7 +46,7 @@ def test_a_flow_run_does_not_drive_a_run_another_driver_holds(fakes, tmp_path):
     storage = RunStore(str(tmp_path / "runs")).run_storage("busy")
     holder = RunLock(storage, "busy", ttl_s=2.0).acquire()  # renewed by its thread: never expires
     try:
-        state = train_experiment(_params(tmp_path, "busy"), return_state=True)
+        state = train_experiment(**_params(tmp_path, "busy").flow_parameters(), return_state=True)
         assert state.is_failed()
         with pytest.raises(RunLockedError, match="busy"):
             state.result()
@@ -72,3 +72,44 @@ def test_a_child_joins_only_the_current_claim(fakes, tmp_path):
         with pytest.raises(LeaseLostError):
             with driving(stale, {**claim, "generation": claim["generation"] + 1}):
                 pass
+
+
+@pytest.mark.slow
+def test_a_flow_run_that_runs_again_waits_for_its_earlier_attempts_claim(fakes, tmp_path, monkeypatch):
+    """A rescheduled flow run (same id) finds its earlier attempt's claim still renewed (by a
+    block that attempt started, which joined it): it waits for that claim to end instead of
+    failing with RunLockedError after 1.5 ttl; another driver's claim still refuses it."""
+    import threading
+    import time
+
+    import prefect.runtime.flow_run as flow_run_runtime
+
+    from flows.leases import driving
+    from nip_core.trainers import build_trainer
+
+    monkeypatch.setattr(flow_run_runtime, "id", "flow-run-1")  # what prefect.runtime says inside that flow run
+    parameters = _params(tmp_path, "again")
+    hp = parameters.hyper_params()
+    storage = RunStore(str(tmp_path / "runs")).run_storage("again")
+    earlier = RunLock(storage, "again", ttl_s=1.5)
+    earlier.describe["flow_run_id"] = "flow-run-1"
+    earlier.acquire()  # renewed every 0.5 s by its thread, as a joined block renews it
+    threading.Timer(4.0, earlier.stop_renewing).start()  # the block ends; the claim lapses 1.5 s later
+    trainer = build_trainer(hp, parameters.settings(hp))
+    trainer.run.lock.ttl_s = 1.5
+    started = time.monotonic()
+    with driving(trainer) as lock:
+        waited = time.monotonic() - started
+        assert lock.held and lock.generation == earlier.generation + 1
+        assert lock.view().holder["flow_run_id"] == "flow-run-1"
+    assert 4.0 <= waited < 4.0 + 1.5 * 3  # past 1.5 ttl (2.25 s): it waited for the claim, not a deadline
+
+    other = RunLock(storage, "again", ttl_s=1.5)
+    other.describe["flow_run_id"] = "another-flow-run"
+    other.acquire()
+    try:
+        with pytest.raises(RunLockedError):
+            with driving(build_trainer(hp, parameters.settings(hp))):
+                pass
+    finally:
+        other.release()

@@ -88,18 +88,19 @@ def test_flow_parameter_schemas_refuse_the_key_before_a_run_is_stored():
         schema = parameter_schema(fn).model_dump_for_openapi()
         return validate(values, schema, raise_on_error=False, preprocess=True, ignore_required=True)
 
-    assert errors(train_experiment.fn, {"parameters": {"settings_overrides": {"openai_api_key": PARAM_KEY}}})
-    assert not errors(train_experiment.fn, {"parameters": {"settings_overrides": {"data_dir": "d"}}})
+    assert errors(train_experiment.fn, {"settings_overrides": {"openai_api_key": PARAM_KEY}})
+    assert not errors(train_experiment.fn, {"settings_overrides": {"data_dir": "d"}})
     assert errors(rl_iteration_block.fn, {"spec": {"params": {}, "settings": {"openai_api_key": PARAM_KEY}}})
-    assert errors(sweep.fn, {"base": {}, "grid": {"settings.openai_api_key": [PARAM_KEY]}, "sweep_id": "s"})
-    assert not errors(sweep.fn, {"base": {}, "grid": {"seed": [1, 2]}, "sweep_id": "s"})
+    assert errors(sweep.fn, {"grid": {"settings.openai_api_key": [PARAM_KEY]}, "sweep_id": "s"})
+    assert errors(sweep.fn, {"settings_overrides": {"openai_api_key": PARAM_KEY}, "grid": {}, "sweep_id": "s"})
+    assert not errors(sweep.fn, {"grid": {"seed": [1, 2]}, "sweep_id": "s"})
 
 
 def test_sweep_cannot_hand_the_key_to_children():
     from flows.sweep import point_parameters, sweep
 
     with pytest.raises(Exception, match="grid 'openai_api_key': secrets are not accepted") as info:
-        sweep.validate_parameters({"base": {}, "grid": {"openai_api_key": [PARAM_KEY]}, "sweep_id": "s"})
+        sweep.validate_parameters({"grid": {"openai_api_key": [PARAM_KEY]}, "sweep_id": "s"})
     assert PARAM_KEY not in str(info.value)
     base = ExperimentParameters(scenario="graph_isomorphism", trainer="vanilla_ppo")
     with pytest.raises(ValidationError, match="secrets are not accepted"):
@@ -143,7 +144,7 @@ def test_block_key_reaches_settings_but_no_parameter_spec_log_or_artifact(fakes,
 
     monkeypatch.setattr(trainer_access, "build_flow_trainer", recording_build)
     monkeypatch.setattr(RunSpec, "experiment_settings", recording_experiment_settings)
-    state = train_experiment(_gi_params(tmp_path, "gi-secret"), return_state=True)
+    state = train_experiment(**_gi_params(tmp_path, "gi-secret").flow_parameters(), return_state=True)
     assert state.is_completed(), state.message
 
     assert [s.openai_api_key.get_secret_value() for s in built] == [secret_block]

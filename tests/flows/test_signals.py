@@ -34,3 +34,89 @@ def test_shield_ignores_a_second_signal_during_teardown():
         assert signal.getsignal(signal.SIGHUP) is previous  # restored after the block
     finally:
         signal.signal(signal.SIGHUP, original)
+
+
+# -- nipflow run / resume / sweep: SIGTERM and SIGHUP stop them like Ctrl-C ---------------------------
+
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@pytest.fixture
+def handlers():
+    """The handlers before the test, put back after it (a stop leaves its handler installed)."""
+    before = {sig: signal.getsignal(sig) for sig in HANDLED}
+    yield before
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def _deliver(sig):
+    os.kill(os.getpid(), sig)
+    for _ in range(1000):  # Python runs the handler between bytecodes
+        pass
+
+
+def test_the_first_stop_signal_raises_interrupted_and_later_ones_are_ignored(handlers, capfd):
+    from flows.signals import Interrupted, stop_like_ctrl_c
+
+    with pytest.raises(Interrupted) as caught:
+        with stop_like_ctrl_c():
+            _deliver(signal.SIGTERM)
+    assert isinstance(caught.value, KeyboardInterrupt)  # every `except KeyboardInterrupt` clean-up runs
+    assert (caught.value.exit_status, str(caught.value)) == (143, "stopped by SIGTERM")
+    for sig in HANDLED:  # the process is ending: its atexit hooks must not be cut short either
+        _deliver(sig)
+    err = capfd.readouterr().err
+    assert all(f"{sig.name} ignored: stopping already" in err for sig in HANDLED)
+
+
+def test_without_a_signal_the_handlers_come_back_and_ignored_signals_stay_ignored(handlers):
+    from flows.signals import stop_like_ctrl_c
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    with stop_like_ctrl_c() as stop:
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == stop.handle
+        _deliver(signal.SIGHUP)  # nothing happens
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) == handlers[signal.SIGTERM]
+    assert signal.getsignal(signal.SIGINT) == handlers[signal.SIGINT]
+
+
+def test_once_a_clean_up_began_a_first_stop_signal_is_ignored_too(handlers, capfd):
+    # e.g. the preemption guard stopped the training: the records written next must not be cut short
+    from flows.signals import shield_active_stop, stop_like_ctrl_c
+
+    with stop_like_ctrl_c() as stop:
+        shield_active_stop()
+        _deliver(signal.SIGTERM)  # ignored: no Interrupted
+    assert stop.received is None and "SIGTERM ignored: stopping already" in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == handlers[signal.SIGTERM]  # no stop: the handlers came back
+    shield_active_stop()  # outside a block: nothing to shield
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+def test_nipflow_run_exits_128_plus_the_signal_after_a_clean_up_that_a_second_signal_does_not_cut(
+        handlers, monkeypatch, capfd, sig, status):
+    import time
+
+    from flows import cli
+
+    cleaned = []
+
+    def training(args):
+        _deliver(sig)
+        time.sleep(30)  # interrupted at once
+        raise AssertionError("not stopped")
+
+    def release():
+        _deliver(signal.SIGTERM)  # a supervisor's second SIGTERM during the clean-up
+        cleaned.append("servers released")
+
+    monkeypatch.setitem(cli.COMMANDS, "run", training)
+    monkeypatch.setattr(cli, "_release_llm_servers", release)
+    assert cli.main(["run", "graph_isomorphism", "vanilla_ppo"]) == status
+    err = capfd.readouterr().err
+    assert cleaned == ["servers released"]
+    assert ("nipflow: interrupted" if sig == signal.SIGINT else f"nipflow: stopped by {sig.name}") in err
+    assert "SIGTERM ignored: stopping already" in err

@@ -44,7 +44,7 @@ def test_suspended_run_is_resumed_by_the_watcher(fakes, tmp_path, subprocess_env
     params = ExperimentParameters(scenario="code_validation", trainer="pure_text_ei", run_id="cv-suspend",
                                   runs_dir=str(tmp_path / "runs"), overrides=["rl.num_iterations=1"],
                                   wait_mode="auto")
-    flow_run = run_deployment("train_experiment/suspend-test", parameters={"parameters": params.model_dump(mode="json")},
+    flow_run = run_deployment("train_experiment/suspend-test", parameters=params.flow_parameters(mode="json"),
                               timeout=0)
     env = {**subprocess_env, "FAKE_JOB_GATE": "1"}
     monkeypatch.setenv("FAKE_JOB_GATE", "1")  # for the watcher, which runs here
@@ -55,8 +55,11 @@ def test_suspended_run_is_resumed_by_the_watcher(fakes, tmp_path, subprocess_env
     assert fine_tune_watcher() == []  # the job is still running: not resumed
     run_dir = tmp_path / "runs" / "cv-suspend"
     (run_dir / "fine_tune" / "release-0").write_text("done")
+    # a tick that starts late (a backlog after an outage) does nothing, even with work to do
+    assert fine_tune_watcher(max_lateness_s=1e-6) == [] and _state(flow_run.id).name == "Suspended"
     assert fine_tune_watcher() == [str(flow_run.id)]
     assert _state(flow_run.id).is_scheduled()
+    assert fine_tune_watcher() == []  # an overlapping tick finds nothing to resume: no error
 
     rc, out = _execute_flow_run(flow_run.id, env)
     assert _state(flow_run.id).is_completed(), out

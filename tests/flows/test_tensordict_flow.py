@@ -65,7 +65,7 @@ def test_block_fault_is_retried_and_ends_like_an_uninterrupted_run(fakes, tmp_pa
     _train_directly(_params(tmp_path, "rl-reference"))
 
     monkeypatch.setenv("FAKE_FAULT_START", "2")  # the second block fails once, midway
-    faulty = train_experiment(_params(tmp_path, "rl-faulty"), return_state=True)
+    faulty = train_experiment(**_params(tmp_path, "rl-faulty").flow_parameters(), return_state=True)
     assert faulty.is_completed(), faulty.message
     run_dir = tmp_path / "runs" / "rl-faulty"
     assert (run_dir / "fault-2.done").exists()
@@ -81,7 +81,7 @@ def test_block_fault_is_retried_and_ends_like_an_uninterrupted_run(fakes, tmp_pa
     assert _train_task_tags(faulty.state_details.flow_run_id) == {("gpu",)}
 
     # a new flow run of the same run: every block comes back from the cache
-    again = train_experiment(_params(tmp_path, "rl-faulty"), return_state=True)
+    again = train_experiment(**_params(tmp_path, "rl-faulty").flow_parameters(), return_state=True)
     assert again.is_completed()
     assert Counter(e["start"] for e in fakes.executions(run_dir) if e["event"] == "start") == starts
     assert again.result()["iteration"] == 6

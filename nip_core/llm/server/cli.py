@@ -37,16 +37,18 @@ from nip_core.llm.server.server_files import (  # noqa: F401 (re-exported: the c
     default_data_dir,
     read_server_file,
 )
+from nip_core.utils.cli_args import ArgumentParser, directory_problem, host, port_or_zero
 from nip_core.utils.fileio import atomic_write_bytes as atomic_write
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="nipflow api-server",
         description="Local OpenAI-compatible server (chat completions, files, fine-tuning) for offline runs and tests.",
         epilog="`nipflow api-server stop [--data-dir D | --port P]` stops a running server.",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--host", type=host, default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1, loopback only)")
+    parser.add_argument("--port", type=port_or_zero, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
     parser.add_argument("--data-dir", type=Path, default=None, help="where files, jobs and models are kept (default $NIPFLOW_DATA_DIR/api_server, "
                         "else ~/.cache/nipflow/data/api_server)")
     parser.add_argument("--job-time-scale", type=float, default=1.0, help="multiplies the pacing of fine-tuning jobs (1.0: about 25 s)")
@@ -75,6 +77,21 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="vLLM: share of the GPU memory vLLM may take (default 0.5, leaving room for training)")
     return parser
+
+
+def _flag(field: str) -> str:
+    """The command-line flag of a :class:`ServerConfig` field."""
+    return ENGINE_OPTIONS[field][0] if field in ENGINE_OPTIONS else "--" + field.replace("_", "-")
+
+
+def config_error_line(error: ValidationError) -> str:
+    """A :class:`ServerConfig` validation error as one line naming the flags."""
+    problems = []
+    for item in error.errors():
+        message = str(item.get("msg", "invalid")).removeprefix("Value error, ")
+        field = str(item["loc"][0]) if item.get("loc") else None
+        problems.append(f"{_flag(field)} {item.get('input')!r}: {message}" if field else message)
+    return "; ".join(problems)
 
 
 def _engine_options(args: argparse.Namespace) -> dict:
@@ -112,6 +129,17 @@ def main(argv: list[str] | None = None) -> int:
         return stop_main(list(argv[1:]))
     args = build_parser().parse_args(argv)
     data_dir = (args.data_dir or default_data_dir()).absolute()
+    problem = directory_problem(data_dir, write=True)
+    if problem:
+        print(f"nipflow api-server: error: --data-dir {data_dir}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        faults = FaultConfig.parse(args.faults)
+    except (ValidationError, ValueError, OSError) as exc:
+        detail = ("; ".join(f"{'.'.join(map(str, e['loc'])) or 'faults'}: {e['msg']}" for e in exc.errors())
+                  if isinstance(exc, ValidationError) else exc)
+        print(f"nipflow api-server: error: --faults: {' '.join(str(detail).split())}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         config = ServerConfig(
             data_dir=data_dir,
@@ -120,14 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             job_time_scale=args.job_time_scale,
             api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
             latency_ms=args.latency_ms,
-            faults=FaultConfig.parse(args.faults),
+            faults=faults,
             job_workers=args.job_workers,
             log_level=args.log_level,
             engine=args.engine,
             **_engine_options(args),
         )
-    except (ValidationError, ValueError, OSError) as exc:
-        print(f"nipflow api-server: invalid configuration: {exc}", file=sys.stderr)
+    except ValidationError as exc:
+        print(f"nipflow api-server: error: {config_error_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nip_core.llm.engines import EngineError, check_engine

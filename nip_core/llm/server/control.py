@@ -20,6 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from nip_core.utils.cli_args import ArgumentParser, directory_problem, host, port
 from nip_core.utils.fileio import pid_alive
 
 EXIT_OK = 0
@@ -99,15 +100,16 @@ def stop_server(data_dir: Path, timeout: float = 20.0) -> StopResult | None:
 
 
 def build_stop_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="nipflow api-server stop",
         description="Stop a running local OpenAI-compatible server (SIGTERM, then SIGKILL after --timeout).",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--data-dir", type=Path, default=None,
                        help="the server's data directory (default: that of `nipflow api-server`)")
-    where.add_argument("--port", type=int, default=None, help="the port the server listens on")
-    parser.add_argument("--host", default="127.0.0.1", help="with --port: the address to ask (default 127.0.0.1)")
+    where.add_argument("--port", type=port, default=None, help="the port the server listens on")
+    parser.add_argument("--host", type=host, default="127.0.0.1",
+                        help="with --port: the address to ask (default 127.0.0.1)")
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds between SIGTERM and SIGKILL (default 20)")
     return parser
 
@@ -122,6 +124,11 @@ def stop_main(argv: list[str]) -> int:
     if args.timeout <= 0:
         print(f"nipflow api-server stop: --timeout must be positive, got {args.timeout}", file=sys.stderr)
         return EXIT_USAGE
+    if args.data_dir is not None:
+        problem = directory_problem(args.data_dir, write=False)
+        if problem:
+            print(f"nipflow api-server stop: error: --data-dir {args.data_dir}: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     if args.port is not None:
         data_dir = find_data_dir_by_port(args.host, args.port)
         if data_dir is None:

@@ -67,4 +67,5 @@ def test_api_key_is_required_and_never_exposed(tmp_path):
 )
 def test_cli_rejects_a_bad_configuration(tmp_path, argv, capsys):
     assert main(["--port", "0", "--data-dir", str(tmp_path), *argv]) == EXIT_USAGE
-    assert "invalid configuration" in capsys.readouterr().err
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"nipflow api-server: error: {argv[0]}")

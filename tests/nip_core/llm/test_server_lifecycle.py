@@ -94,6 +94,23 @@ def test_the_last_process_using_a_started_server_stops_it(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+def test_an_interrupt_while_the_server_starts_leaves_no_server_behind(tmp_path, monkeypatch):
+    # Ctrl-C (or SIGTERM handled like it) while ensure_local_server waits for the new server
+    data = tmp_path / "llm"
+    started = []
+
+    def interrupted_health_check(*args, **kwargs):
+        started.append(read_server_file(data)["pid"])  # the server is up and has recorded itself
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "_healthy", interrupted_health_check)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_local_server(data, job_time_scale=0.02)
+    assert started and _wait_dead(started[0], timeout=5)  # stopped, not left detached
+    assert read_server_file(data) is None and not (data / AUTOSTARTED_FILE).exists()
+    assert release_local_servers() == []  # nothing recorded as in use
+
+
 def test_api_server_stop_by_data_dir_and_by_port(tmp_path, capsys):
     first = LocalApiServer(tmp_path / "a", job_time_scale=0.02, detached=True).start()
     second = LocalApiServer(tmp_path / "b", job_time_scale=0.02, detached=True).start()

@@ -58,7 +58,10 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
     run = RunStore(str(tmp_path)).open_run("exp1", params())
     for i in range(5):
         run.save_state(DemoState(iteration=i))
-    assert sorted(p.name for p in (tmp_path / "exp1").iterdir()) == ["hyper_params.json", "metadata.json", "state.json"]
+    # leases/ holds the lock file of metadata updates (leases/metadata.lock, Storage.locked)
+    assert sorted(p.name for p in (tmp_path / "exp1").iterdir()) == ["hyper_params.json", "leases", "metadata.json",
+                                                                     "state.json"]
+    assert [p.name for p in (tmp_path / "exp1" / "leases").iterdir()] == ["metadata.lock"]
 
 
 def test_params_mismatch_policies(tmp_path):

@@ -30,6 +30,7 @@ from nip_core.runs.wandb_restore import (
     restore_from_offline_dir,
     restore_from_wandb,
 )
+from nip_core.trainers.checkpoint_files import read_checkpoint
 from nip_core.trainers.registry import get_trainer_class
 
 REPO = Path(__file__).resolve().parents[3]
@@ -305,12 +306,13 @@ def test_gi_run_resumes_from_its_offline_wandb_dir_bit_identically(tmp_path):
     _train(tmp_path, tmp_path / "straight", -1, use_wandb=False)  # the uninterrupted run
 
     final, straight = runs / "gi" / "checkpoints" / "iter_000004.pt", tmp_path / "straight" / "gi" / "checkpoints"
-    a = torch.load(final, weights_only=False)
-    b = torch.load(straight / "iter_000004.pt", weights_only=False)
+    a = read_checkpoint(final.read_bytes(), source=str(final))
+    b = read_checkpoint((straight / "iter_000004.pt").read_bytes(), source=str(straight / "iter_000004.pt"))
     assert a["iteration"] == b["iteration"] == 4 and len(a["agents"]) > 10
-    # everything in it is equal (agents, optimiser, normaliser, RNGs, carried episodes); the
-    # pickled bytes are not, as torch.save does not write equal objects to equal bytes
+    # everything in it is equal (agents, optimiser, normaliser, RNGs, carried episodes), and
+    # so are the bytes: the safetensors + JSON format writes equal states to equal bytes
     assert differences(a, b) == []
+    assert final.read_bytes() == (straight / "iter_000004.pt").read_bytes()
     assert _train_rows(runs / "gi") == _train_rows(tmp_path / "straight" / "gi")  # iterations 0-3 and the test
     assert RunStore(str(runs)).open_run("gi").incarnation == incarnation
     # the resumed process went on logging to the same W&B run, without repeating a step

@@ -1,8 +1,9 @@
 """TensorDict checkpoints across devices: map_location and the CUDA RNG states.
 
-This machine has no CUDA. A checkpoint "written on a CUDA host" is made by tagging every
-storage ``cuda:0`` while saving (``torch.serialization.location_tag``), which is exactly
-what such a file holds; CUDA RNG calls are replaced by fakes.
+This machine has no CUDA. Checkpoints (safetensors + JSON) hold CPU tensors whatever device
+wrote them; an old pickled checkpoint "written on a CUDA host" is made by tagging every
+storage ``cuda:0`` while ``torch.save`` writes it (``torch.serialization.location_tag``),
+which is exactly what such a file holds; CUDA RNG calls are replaced by fakes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import logging
 import pytest
 import torch
 
-from nip_core.trainers import tensordict_rl
+from nip_core.trainers import checkpoint_format, tensordict_rl
+from nip_core.trainers.checkpoint_files import read_checkpoint
 from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, tiny_params
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a CPU-only host")
@@ -33,32 +35,38 @@ def test_restore_passes_the_trainer_device_as_map_location(tmp_path, monkeypatch
     # the recorder then loads onto the CPU, since this host has no such device.
     trainer.settings.device = "cuda:1"
     calls = []
-    real_load = torch.load
+    real_read = checkpoint_format.read_checkpoint
 
-    def recording_load(*args, **kwargs):
+    def recording_read(*args, **kwargs):
         calls.append(kwargs)
-        return real_load(*args, **{**kwargs, "map_location": "cpu"})
+        return real_read(*args, **{**kwargs, "map_location": "cpu"})
 
-    monkeypatch.setattr(torch, "load", recording_load)
+    monkeypatch.setattr(checkpoint_format, "read_checkpoint", recording_read)
     trainer.restore_checkpoint(1)
     assert [c.get("map_location") for c in calls] == ["cuda:1"]
     assert trainer._memory_iteration == 1
 
 
-def test_checkpoint_written_on_cuda_resumes_on_a_cpu_host(tmp_path, monkeypatch, cuda_tagged_saves):
+def test_old_pickled_checkpoint_written_on_cuda_resumes_on_a_cpu_host(tmp_path, monkeypatch, cuda_tagged_saves):
     hp = tiny_params()
+    monkeypatch.undo()
     straight = make_trainer(hp, tmp_path / "a")
     straight.run_iterations(0, 4)
 
     first = make_trainer(hp, tmp_path / "b")
-    first.run_iterations(0, 2)  # saved with cuda-tagged storages
+    first.run_iterations(0, 2)
+    # What an earlier nipflow wrote on a CUDA host: torch.save with cuda-tagged storages.
+    monkeypatch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+    buffer = io.BytesIO()
+    torch.save(first.checkpoint_state(), buffer)
     monkeypatch.undo()
+    first.run.save_checkpoint_bytes("iter_000002", buffer.getvalue(), iteration=2)
     data, _ = first.run.load_checkpoint_bytes("iter_000002")
     with pytest.raises(RuntimeError, match="CUDA"):
         torch.load(io.BytesIO(data), weights_only=False)  # what the trainer did before: fails here
 
     second = make_trainer(hp, tmp_path / "b")
-    second.run_iterations(2, 4)  # restores through map_location="cpu"
+    second.run_iterations(2, 4)  # restores through map_location="cpu" (the safe pickle load)
     a, b = params_of(straight), params_of(second)
     for key in a:
         assert torch.equal(a[key], b[key]), key  # still an exact resume
@@ -107,7 +115,7 @@ def test_cuda_rng_states_round_trip_through_the_checkpoint(tmp_path, fake_cuda):
     writer.settings.device = "cuda"  # the state a CUDA trainer checkpoints
     writer.save_checkpoint()
     data, _ = writer.run.load_checkpoint_bytes("iter_000001")
-    assert len(torch.load(io.BytesIO(data), weights_only=False)["rng"]["torch_cuda"]) == 2
+    assert len(read_checkpoint(data, source="iter_000001")["rng"]["torch_cuda"]) == 2
 
     reader = make_trainer(hp, tmp_path, device="cpu")
     reader.restore_checkpoint(1)
@@ -127,7 +135,7 @@ def test_cuda_rng_states_are_skipped_without_cuda(tmp_path, fake_cuda, monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU-only host
 
     data, _ = writer.run.load_checkpoint_bytes("iter_000001")
-    expected_cpu_state = torch.load(io.BytesIO(data), weights_only=False)["rng"]["torch"]
+    expected_cpu_state = read_checkpoint(data, source="iter_000001")["rng"]["torch"]
     reader = make_trainer(hp, tmp_path, device="cpu")
     assert not torch.equal(torch.get_rng_state(), expected_cpu_state)
     with caplog.at_level(logging.INFO, logger=tensordict_rl.__name__):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nip_core.trainers.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+from nip_core.trainers.preemption import PREEMPTED_EXIT_CODE, PreemptionGuard, TrainingPreempted
 from tests.nip_core.trainers.gi_helpers import TINY, make_trainer, params_of, tiny_params
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,7 +34,7 @@ def signal_at_optimizer_step(trainer, step_number: int, signum: int) -> list[int
     return calls
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP])
 def test_signal_mid_iteration_checkpoints_the_last_finished_one_and_the_resume_is_exact(tmp_path, signum):
     hp = tiny_params()
     straight = make_trainer(hp, tmp_path / "a", checkpoint_every=0)
@@ -65,6 +65,20 @@ def test_a_signal_before_the_first_step_of_a_range_keeps_the_stored_checkpoint(t
     with pytest.raises(TrainingPreempted) as info:
         trainer.run_iterations(2, 4)
     assert info.value.iteration == 2 and trainer.run.load_checkpoint_bytes("iter_000002")[0] == stored
+
+
+def test_a_hang_up_ignored_before_training_stays_ignored():
+    # under nohup SIGHUP is ignored: a closed terminal must not stop the training
+    original = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with PreemptionGuard() as guard:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == guard._handle
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert not guard.requested
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, original)
 
 
 @pytest.mark.slow
