@@ -161,7 +161,8 @@ def test_bad_database_url_exits_2_with_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "nipflow: error: database URL scheme 'sqlite+aiosqlite': the Prefect server needs postgresql+asyncpg://"]
+        "nipflow: error: --database-url: database URL scheme 'sqlite+aiosqlite': the Prefect server needs "
+        "postgresql+asyncpg://"]
 
 
 def test_a_port_taken_before_the_server_binds_it_is_retried(postgres_cluster, tmp_path, monkeypatch):
