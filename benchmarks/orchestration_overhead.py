@@ -304,7 +304,7 @@ def run_flow(parameters, probe: Probe, heartbeats: bool) -> tuple[float, list[di
     probe.take()
     updates = {} if heartbeats else {PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     with temporary_settings(updates=updates):
-        state = train_experiment(parameters, return_state=True)
+        state = train_experiment(**parameters.flow_parameters(), return_state=True)
     if not state.is_completed():
         raise RuntimeError(f"run {parameters.run_id}: flow run ended {state.name}: {state.message}")
     stages, spans = probe.take()

@@ -92,6 +92,10 @@ def load_automations(path: Path = AUTOMATIONS_FILE) -> list[Any]:
     return [Automation.model_validate(spec) for spec in yaml.safe_load(path.read_text())["automations"]]
 
 
+#: what an automation does (its name and id aside)
+_DEFINITION_FIELDS = ("description", "trigger", "actions", "enabled")
+
+
 def _definition(automation) -> Any:
     """What an automation does, comparable across processes (its sets, e.g. ``expect``,
     dump as lists in a per-process order: sorted here)."""
@@ -103,7 +107,7 @@ def _definition(automation) -> Any:
             return sorted(items, key=json.dumps) if all(isinstance(v, str) for v in items) else items
         return value
 
-    return normal(automation.model_dump(mode="json", include={"description", "trigger", "actions", "enabled"}))
+    return normal(automation.model_dump(mode="json", include=set(_DEFINITION_FIELDS)))
 
 
 def ensure_automations(path: Path = AUTOMATIONS_FILE) -> tuple[list[str], list[str]]:
@@ -121,8 +125,8 @@ def ensure_automations(path: Path = AUTOMATIONS_FILE) -> tuple[list[str], list[s
             created.append(automation.name)
             continue
         if _definition(existing) != _definition(automation):
-            existing.description, existing.trigger = automation.description, automation.trigger
-            existing.actions, existing.enabled = automation.actions, automation.enabled
+            for field in _DEFINITION_FIELDS:
+                setattr(existing, field, getattr(automation, field))
             existing.update()
             updated.append(automation.name)
     return created, updated

@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-from nip_core.trainers import checkpoint_format, tensordict_rl
+from nip_core.trainers import checkpoint_files, tensordict_rl
 from nip_core.trainers.checkpoint_files import read_checkpoint
 from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, tiny_params
 
@@ -35,13 +35,13 @@ def test_restore_passes_the_trainer_device_as_map_location(tmp_path, monkeypatch
     # the recorder then loads onto the CPU, since this host has no such device.
     trainer.settings.device = "cuda:1"
     calls = []
-    real_read = checkpoint_format.read_checkpoint
+    real_read = checkpoint_files.read_checkpoint
 
     def recording_read(*args, **kwargs):
         calls.append(kwargs)
         return real_read(*args, **{**kwargs, "map_location": "cpu"})
 
-    monkeypatch.setattr(checkpoint_format, "read_checkpoint", recording_read)
+    monkeypatch.setattr(checkpoint_files, "read_checkpoint", recording_read)
     trainer.restore_checkpoint(1)
     assert [c.get("map_location") for c in calls] == ["cuda:1"]
     assert trainer._memory_iteration == 1
