@@ -383,7 +383,13 @@ def cmd_worker(args) -> int:
 def cmd_prefect(args) -> int:
     if args.prefect_command == "server":
         from flows.prefect_pg_server import PrefectServerError, asyncpg_url, serve
+        from nip_core.utils.hosts import is_loopback_host
 
+        if not is_loopback_host(args.host) and not os.environ.get("PREFECT_SERVER_API_AUTH_STRING"):
+            raise UsageError(f"--host {args.host}: the Prefect API (and the Secret block with the OpenAI key) "
+                             "would answer anyone who reaches this machine; set PREFECT_SERVER_API_AUTH_STRING="
+                             "user:password for the server and PREFECT_API_AUTH_STRING on clients and workers "
+                             "(docs/deployment.md), or keep the default --host 127.0.0.1")
         if args.database_url is not None:
             try:
                 asyncpg_url(args.database_url)

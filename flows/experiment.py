@@ -86,9 +86,35 @@ def train_whole(spec: RunSpec, run_id: str) -> dict[str, Any]:
         return {"run_id": run_id, "iteration": int(trainer.state.iteration)}
 
 
+def overrides_train(trainer: Any, kind: str) -> bool:
+    """Whether ``trainer``'s class overrides ``train()`` below the class that drives its kind.
+
+    The flows drive a staged trainer through ``run_stage`` and an iteration trainer through
+    ``run_iterations``; a ``train()`` defined in a subclass of the class that defines the
+    driver (a user's subclass of a built-in trainer) would be bypassed. A class that
+    defines both (its own loop, as a fake or a new base does) is not an override.
+    """
+    mro = type(trainer).__mro__
+    driver = "run_stage" if kind == "pure_text" else "run_iterations"
+
+    def defined_at(name: str) -> int:
+        return next((i for i, cls in enumerate(mro) if name in cls.__dict__), len(mro))
+
+    return defined_at("train") < defined_at(driver)
+
+
 def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any]:
-    """Dispatch ``trainer`` to the flow logic of its kind (inside a flow run)."""
+    """Dispatch ``trainer`` to the flow logic of its kind (inside a flow run).
+
+    A staged or iteration trainer whose class overrides ``train()`` runs that ``train()``
+    in one task, as a plain trainer does: the stages and RL blocks would bypass the override.
+    """
     kind = trainer_kind(trainer)
+    if kind != "plain" and overrides_train(trainer, kind):
+        get_run_logger().warning(
+            "%s overrides train(): it runs as one task, without per-stage results, RL blocks or fine-tune "
+            "suspension (override the stage or iteration hooks instead to keep them)", type(trainer).__name__)
+        kind = "plain"
     get_run_logger().info("run %s (%s, %s trainer): run store %s", trainer.run.run_id,
                           trainer.hyper_params.trainer, kind, trainer.run.location)
     if kind == "pure_text":

@@ -11,7 +11,7 @@ unset PREFECT_API_URL OPENAI_BASE_URL OPENAI_API_KEY
 # and tests/e2e/test_browser_ui.py fails (never skips) naming what is missing.
 ./scripts/ensure_browser.sh || echo "warning: scripts/ensure_browser.sh failed: the browser tests will fail" >&2
 set +e
-.venv/bin/python -m pytest -q --timeout=900 "$@"
+.venv/bin/python -m pytest -q --timeout=900 --durations=40 "$@"
 rc=$?
 set -e
 # pytest's exit code 5 means no test was collected: that is a failure here.

@@ -202,6 +202,7 @@ CASES = [
     (["prefect", "server", "--port", "abc"], "--port"),
     (["prefect", "server", "--pg-port", "0"], "--pg-port"),
     (["prefect", "server", "--host", "999.1.1.1"], "--host"),
+    (["prefect", "server", "--host", "0.0.0.0"], "--host 0.0.0.0: the Prefect API"),  # no API auth string
     (["prefect", "server", "--data-dir", UNDER_A_FILE], "--data-dir"),
     (["prefect", "server", "--data-dir", "/proc/x"], "--data-dir"),
     (["prefect", "server", "--database-url", "foo://bar"], "--database-url"),

@@ -9,6 +9,7 @@ registration, and the base class knows nothing of the registry.
 from __future__ import annotations
 
 from nip_core.parameters import HyperParameters
+from nip_core.parameters.base import ParameterError
 from nip_core.parameters.base_run import merge_with_base_run
 from nip_core.runs import Run, RunStore
 from nip_core.settings import ExperimentSettings, resolve_device
@@ -54,6 +55,13 @@ def build_trainer(hyper_params: HyperParameters, settings: ExperimentSettings | 
         hyper_params = merge_with_base_run(hyper_params, base)
     # looked up through the module, so that a lookup replaced at run time is the one used
     cls = registry.get_trainer_class(hyper_params.trainer)
+    if hyper_params.base_run.base_run_type == "rerun_tests" and registry.trainer_kind(hyper_params.trainer) != "pure_text":
+        # a TensorDict trainer has no rerun loop: it would train from scratch instead of testing
+        raise ParameterError([("base_run.base_run_type",
+                               f"'rerun_tests' is implemented for the pure-text trainers only, not for "
+                               f"{hyper_params.trainer!r}; test a trained run's checkpoint with `nipflow evaluate "
+                               f"RUN_ID --dataset-file PATH`, or use 'parameters' to train again from the "
+                               f"base run's hyper-parameters")])
     if cls.uses_torch_device:
         resolve_device(settings.device)  # the trainer resolves it again; this only fails early
     if run is None and open_run and settings.run_id and not settings.test_run:

@@ -67,6 +67,8 @@ class PureTextRlTrainer(Trainer):
     """Base of ``pure_text_ei`` and ``pure_text_malt``; see the module docs."""
 
     State = PureTextState
+    trainer_kind = "pure_text"  # registration reads these: a subclass needs only @register_trainer
+    needs_critic = False
     fine_tune_method: str = "supervised"  # or "dpo": which kind of job the default hook creates
 
     def __init__(self, hyper_params, settings=None, run=None, hooks=None, stat_logger=None, scenario=None):

@@ -120,6 +120,11 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
     """
 
     trainer_type = "rl"
+    # Registration reads these (nip_core/trainers/registry.py): a subclass registered with only
+    # @register_trainer is a TensorDict trainer with value heads; an actor-only one says
+    # needs_critic = False.
+    trainer_kind = "tensordict"
+    needs_critic = True
     # Allowed scaled-dot-product-attention kernels, in order of preference (see module doc).
     attention_backends: list = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
     # ``torch.compile`` mode of the loss's forward pass in minibatch steps (``None``: eager).
@@ -212,8 +217,11 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         iterations, so a resumed run samples exactly the minibatches of an uninterrupted one.
         """
         minibatch_size = min(self.hyper_params.rl.minibatch_size, self.frames_per_batch)
+        # on the trainer's device: torchrl's storage defaults to the CPU, which would hand a
+        # CUDA trainer CPU minibatches
+        storage = LazyTensorStorage(self.frames_per_batch, device=self.settings.device)
         with _quiet_torchrl():
-            return ReplayBuffer(storage=LazyTensorStorage(self.frames_per_batch), transform=transform,
+            return ReplayBuffer(storage=storage, transform=transform,
                                 sampler=SamplerWithoutReplacement(drop_last=True), batch_size=minibatch_size)
 
     def _build_train_context(self, stack: ExitStack) -> list:

@@ -83,6 +83,13 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def _tail(path: Path, n: int = 60) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -196,13 +203,22 @@ class Worker:
 
         Returns the pids that were signalled besides the worker itself.
         """
-        others = _descendants(self.proc.pid)
+        # Freeze first, then kill: a worker that is starting a flow-run process (its own
+        # session, so outside the group) while the tree is listed must not leave that
+        # process alive, as it could not on a host that died. Stopped processes spawn
+        # nothing, so the listing is complete once a pass finds no new one.
+        _signal_group(self.proc, signal.SIGSTOP)
+        others: list[int] = []
+        while True:
+            new = [pid for pid in _descendants(self.proc.pid) if pid not in others]
+            if not new:
+                break
+            for pid in new:
+                _signal_pid(pid, signal.SIGSTOP)
+            others += new
         _signal_group(self.proc, signal.SIGKILL)
         for pid in others:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _signal_pid(pid, signal.SIGKILL)
         self.proc.wait(10)
         self.killed_pids = others
         return others

@@ -1,4 +1,4 @@
-"""Several real workers against one real server: the ``gpu`` limit and a spread sweep.
+"""Several real workers against one real server: the ``gpu`` limit.
 
 Real processes only: ``prefect server start`` on PostgreSQL, ``nipflow prefect setup --gpus 1`` and
 ``prefect deploy --all`` from ``deployments/prefect.yaml`` (module-wide, see
@@ -17,8 +17,9 @@ GI trainer cannot run here on ``nipflow-gpu``: that pool's job variables set
    worker and *two* GPU workers: every RL block is a ``rl_iteration_block`` flow run on
    the GPU pool (``run_deployment``), and nothing but the ``gpu`` tag limit (1) keeps two
    blocks' ``train_iterations`` tasks from running at the same time.
-2. A sweep of 4 points (deployment ``sweep/sweep`` -> ``train_experiment/sweep-point``)
-   over two CPU workers in different working directories that share one run store.
+
+A sweep spread over two workers in different working directories is
+``tests/e2e/test_s3_multi_worker_e2e.py`` (the same sweep, on an S3 run store).
 """
 
 from __future__ import annotations
@@ -155,62 +156,3 @@ def test_gpu_limit_keeps_rl_blocks_of_two_experiments_apart(prefect_server, depl
         run = api.flow_run(fr)
         print(f"experiment {rid}: created {run.created.timestamp() - t_zero:6.2f}, running "
               f"{run.start_time.timestamp() - t_zero:6.2f} .. {run.end_time.timestamp() - t_zero:6.2f} s")
-
-
-def test_sweep_points_spread_over_two_workers_in_separate_directories(prefect_server, deployed, workers, tmp_path):
-    started = time.monotonic()
-    api = deployed
-    runs_dir = tmp_path / "shared-runs"  # one run store for both workers
-    names = ["cpu-w1", "cpu-w2"]
-    # --limit 2 each: the sweep takes one slot, so one worker alone can never hold all 4 points
-    # at once; each point's first stage lasts 8 s (four poll intervals), so they overlap and
-    # a worker cannot run them one after the other before the other worker polls.
-    started_workers = [workers.start(tmp_path / f"wd-{name}", pool="nipflow-cpu", name=name, limit=2,
-                                     env=worker_env(runs_dir, name, FAKE_SLEEP_AT="0:sample_rollouts",
-                                                    FAKE_SLEEP_S="8"))
-                       for name in names]
-    logs = [w.log for w in started_workers]
-
-    sweep_id = "sw-e2e"
-    sweep_run = api.start("sweep/sweep", {
-        "scenario": "code_validation", "trainer": "pure_text_ei", "protocol": "nip",
-        "overrides": ["rl.num_iterations=1"],
-        "grid": {"seed": [1, 2, 3, 4]}, "sweep_id": sweep_id, "deployment_name": "train_experiment/sweep-point"})
-    wait_for(lambda: api.flow_run(sweep_run).state.type.value in TERMINAL, "the sweep to finish", 240, logs,
-             interval=2)
-    finished_after = time.monotonic() - started
-    stop_workers_together(started_workers)
-    assert api.flow_run(sweep_run).state.type.value == "COMPLETED"
-
-    run_ids = [f"{sweep_id}-{i:03d}" for i in range(4)]
-    children = {r.parameters["run_id"]: r for r in api.flow_runs("train_experiment")
-                if r.parameters.get("run_id", "").startswith(sweep_id)}
-    assert sorted(children) == run_ids
-    assert {(r.state.type.value, r.work_pool_name) for r in children.values()} == {("COMPLETED", "nipflow-cpu")}
-
-    placement = {}
-    for rid in run_ids:
-        # the run store of each point is complete ...
-        state = json.loads((runs_dir / rid / "state.json").read_text())
-        assert (state["iteration"], state["train_loop_stage"]) == (1, "done")
-        # ... and names the process that trained it: the child's flow-run process, a child of one worker
-        (proc,) = records(runs_dir, rid, "process")
-        assert proc["worker"] in names
-        assert proc["prefect_home"] == str(tmp_path / f"wd-{proc['worker']}" / "prefect-home")
-        assert proc["cwd"] == str(REPO)  # the deployment's pull step: NIPFLOW_PROJECT_DIR
-        assert children[rid].infrastructure_pid.split(":")[-1] == str(proc["pid"])
-        placement[rid] = proc["worker"]
-    assert set(placement.values()) == set(names)  # both workers ran points
-
-    # the sweep's summary table lists the 4 points
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    with api.client() as client:
-        (artifact,) = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{sweep_id}-sweep"])))
-    table = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
-    assert [(row["run_id"], row["seed"], row["state"]) for row in table] == [
-        (rid, seed, "Completed") for rid, seed in zip(run_ids, [1, 2, 3, 4])]
-    assert str(artifact.flow_run_id) == sweep_run
-
-    print(f"\nsweep finished after {finished_after:.1f} s; points per worker: {placement}")

@@ -119,6 +119,7 @@ def test_sweep_on_s3_spreads_over_two_workers_and_runs_every_stage_once(
         (proc,) = [e for e in executions if e["event"] == "process"]
         assert proc["worker"] in names
         assert proc["prefect_home"] == str(tmp_path / f"wd-{proc['worker']}" / "prefect-home")
+        assert proc["cwd"] == str(REPO)  # the deployment's pull step: NIPFLOW_PROJECT_DIR
         assert by_run_id[rid].infrastructure_pid.split(":")[-1] == str(proc["pid"])
         placement[rid] = proc["worker"]
         # the stage results are Prefect result records in <run>/results on S3, one per stage

@@ -155,3 +155,14 @@ def test_overrides_take_effect(tmp_path):
     assert trainer.buffer_sizes == [32, 32]
     assert trainer.grad_enabled_in_loop and trainer.eval_mode_in_test
     assert trainer.agents.training  # the test context put the train mode back
+
+
+def test_the_replay_buffer_hands_minibatches_on_the_trainers_device(tmp_path):
+    # torchrl's LazyTensorStorage keeps its data on the CPU unless told otherwise: a CUDA
+    # trainer got CPU minibatches and failed with a device mismatch in the first update
+    # (found on an H200). "meta" stands in for a device other than the CPU here.
+    trainer = build(VanillaPpoTrainer, tmp_path)
+    trainer.settings = trainer.settings.model_copy(update={"device": "meta"})
+    buffer = trainer._get_replay_buffer()
+    buffer.extend(TensorDict({"obs": torch.zeros(32, 3)}, batch_size=[32]))
+    assert buffer.sample()["obs"].device.type == "meta"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nip_core.parameters import HyperParameters, ParameterError
+from nip_core.trainers.base import Trainer
 from nip_core.trainers.registry import (
     TRAINER_REGISTRY,
     TrainerRegistrationError,
@@ -105,7 +106,8 @@ def test_kind_decides_the_scenario(registered):
     ({"trainer_kind": "tensordict", "needs_critic": False, "critic_switch": "rl.gamma"}, "not a boolean"),
 ])
 def test_missing_or_invalid_declarations_are_refused_naming_the_class(attributes, message):
-    cls = type("Undeclared", (TensorDictRlTrainer,), dict(attributes))
+    # on a base that declares nothing (TensorDictRlTrainer and PureTextRlTrainer declare both)
+    cls = type("Undeclared", (Trainer,), dict(attributes))
     with pytest.raises(TrainerRegistrationError, match=message) as info:
         register_trainer("undeclared")(cls)
     assert "Undeclared" in str(info.value)
@@ -121,3 +123,22 @@ def test_a_name_is_registered_once(registered):
     with pytest.raises(ValueError, match="identifier"):
         register_trainer("not a name")
     assert get_trainer_class("vanilla_ppo") is VanillaPpoTrainer
+
+
+def test_a_guide_style_registration_needs_only_the_decorator(registered):
+    # nip's guide registers a trainer with the decorator alone; kind and critic come from the base
+    from nip_core.trainers.pure_text_base import PureTextRlTrainer
+
+    @register_trainer("guide_td")
+    class GuideTensorDict(TensorDictRlTrainer):
+        def _get_loss_module_and_gae(self):
+            raise NotImplementedError
+
+    @register_trainer("guide_text")
+    class GuideText(PureTextRlTrainer):
+        pass
+
+    registered += ["guide_td", "guide_text"]
+    assert (trainer_kind("guide_td"), trainer_kind("guide_text")) == ("tensordict", "pure_text")
+    base = {"scenario": "graph_isomorphism", "dataset": "t"}
+    assert trainer_uses_critic(HyperParameters.from_dict({**base, "trainer": "guide_td"})) is True
