@@ -55,7 +55,8 @@ def build_trainer(hyper_params: HyperParameters, settings: ExperimentSettings | 
         hyper_params = merge_with_base_run(hyper_params, base)
     # looked up through the module, so that a lookup replaced at run time is the one used
     cls = registry.get_trainer_class(hyper_params.trainer)
-    if hyper_params.base_run.base_run_type == "rerun_tests" and registry.trainer_kind(hyper_params.trainer) != "pure_text":
+    rerun = hyper_params.base_run.base_run_type == "rerun_tests"
+    if rerun and registry.trainer_kind(hyper_params.trainer) != "pure_text":
         # a TensorDict trainer has no rerun loop: it would train from scratch instead of testing
         raise ParameterError([("base_run.base_run_type",
                                f"'rerun_tests' is implemented for the pure-text trainers only, not for "
