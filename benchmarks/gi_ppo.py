@@ -42,6 +42,8 @@ import json  # noqa: E402
 import torch  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
+import nip_core  # noqa: E402
+
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.scenarios.graph_isomorphism.build import build_graph_isomorphism  # noqa: E402
 from nip_core.settings import ExperimentSettings  # noqa: E402
@@ -203,7 +205,9 @@ def measure(args) -> None:
     print(f"s_per_iter={s_per_iter:.3f} frames_per_s={frames_per_s:.1f} peak_rss_mb={peak_rss_mb}")
     if args.result_line:
         print(RESULT_PREFIX + json.dumps({"s_per_iter": s_per_iter, "peak_rss_mb": peak_rss_mb,
-                                          "frames": trainer.frames_per_batch, "code_root": str(code_root())}))
+                                          "frames": trainer.frames_per_batch,
+                                          # where nip_core really came from (not where it was asked for)
+                                          "code_root": str(Path(nip_core.__file__).resolve().parents[1])}))
 
 
 if __name__ == "__main__":
