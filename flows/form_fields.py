@@ -5,7 +5,9 @@ flows that take the fields as top-level flow parameters (``train_experiment``, `
 ``scheduled_retraining``) use the same types in their signatures, so that a deployment's
 defaults and a run's ``--param x=...`` merge field by field (Prefect merges run
 parameters one top-level key at a time). The dropdowns (scenario, trainer, protocol,
-dataset) are enums built from the registries when this module is imported.
+dataset) are enums built from the registries when this module is imported; a trainer is
+checked against the registry when a value is validated, so one registered after this
+import (a user's module imported later) is accepted although the form does not list it.
 
 Prefect reads the descriptions of a flow's parameters from its Google-style docstring, not
 from ``Field(description=...)``: :func:`described_by` writes them there.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import inspect
 from typing import Annotated, Any, Callable, Literal, Optional, TypeVar, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
 
 from flows.secret_blocks import SECRET_SETTINGS_FIELDS
 from nip_core.parameters import HyperParameters, ScenarioType
@@ -45,8 +47,19 @@ DATASETS_BY_SCENARIO: dict[str, tuple[str, ...]] = {
 #: every dataset of the form (the form cannot depend on the scenario chosen)
 DATASET_NAMES: tuple[str, ...] = tuple(sorted({n for names in DATASETS_BY_SCENARIO.values() for n in names}))
 
+
+def _registered_trainer(name: str) -> str:
+    names = registered_trainer_names()
+    if name not in names:
+        # the input is not quoted: error messages of flow parameters hide inputs (a secret?)
+        raise ValueError(f"Input should be a registered trainer: {', '.join(repr(n) for n in names)}")
+    return name
+
+
+# the form lists TRAINER_NAMES; a value is checked against the registry when it is validated
 ScenarioName = Literal[SCENARIO_NAMES]  # type: ignore[valid-type]
-TrainerName = Literal[TRAINER_NAMES]  # type: ignore[valid-type]
+TrainerName = Annotated[str, AfterValidator(_registered_trainer),
+                        WithJsonSchema({"type": "string", "enum": list(TRAINER_NAMES)})]
 ProtocolName = Literal[PROTOCOL_NAMES]  # type: ignore[valid-type]
 DatasetName = Literal[DATASET_NAMES]  # type: ignore[valid-type]
 

@@ -255,3 +255,25 @@ def test_flow_parameters_round_trip_and_read_the_old_nested_form():
     # a run suspended by a version whose only flow parameter was ``parameters``
     assert ExperimentParameters.from_flow_parameters({"parameters": p.model_dump(mode="json")}) == p
     assert ExperimentParameters().flow_parameters() == {}
+
+
+def test_a_trainer_registered_after_the_flows_were_imported_is_accepted():
+    # the form lists the trainers registered at import; validation asks the registry
+    from pydantic import ValidationError
+
+    from flows.experiment import train_experiment
+    from flows.parameters import ExperimentParameters
+    from nip_core.trainers.registry import register_trainer, unregister_trainer
+    from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
+
+    @register_trainer("late_ppo")
+    class LatePpo(VanillaPpoTrainer):
+        pass
+
+    try:
+        assert ExperimentParameters(scenario="graph_isomorphism", trainer="late_ppo").trainer == "late_ppo"
+        assert train_experiment.validate_parameters({"trainer": "late_ppo"})["trainer"] == "late_ppo"
+    finally:
+        unregister_trainer("late_ppo")
+    with pytest.raises(ValidationError, match="Input should be a registered trainer: 'pure_text_ei'"):
+        ExperimentParameters(scenario="graph_isomorphism", trainer="late_ppo")
