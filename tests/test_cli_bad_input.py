@@ -143,6 +143,7 @@ CASES = [
     (["api-server", "--port", "-1"], "--port"),
     (["api-server", "--port", "abc"], "--port"),
     (["api-server", "--host", "999.1.1.1"], "--host"),
+    (["api-server", "--host", "0.0.0.0"], "--host 0.0.0.0: without a key"),  # no --api-key, no env key
     (["api-server", "--data-dir", UNDER_A_FILE], "--data-dir"),
     (["api-server", "--data-dir", "/proc/x"], "--data-dir"),
     (["api-server", "--job-time-scale", "abc"], "--job-time-scale"),
@@ -285,6 +286,8 @@ def in_world(world, monkeypatch):
     monkeypatch.setenv("NIPFLOW_RUNS_DIR", str(world / "store"))
     monkeypatch.setenv("NIPFLOW_DATA_DIR", str(world / "data"))
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    for name in ("NIPFLOW_API_SERVER_KEY", "PREFECT_SERVER_API_AUTH_STRING"):  # the --host cases need none
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "stdin", NoStdin())
     before = snapshot(world)
     yield world

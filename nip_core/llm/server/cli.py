@@ -38,6 +38,7 @@ from nip_core.llm.server.server_files import (  # noqa: F401 (re-exported: the c
     read_server_file,
 )
 from nip_core.utils.cli_args import ArgumentParser, directory_problem, host, port_or_zero
+from nip_core.utils.hosts import is_loopback_host
 from nip_core.utils.fileio import atomic_write_bytes as atomic_write
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValidationError as exc:
         print(f"nipflow api-server: error: {config_error_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    if config.api_key is None and not is_loopback_host(args.host):
+        print(f"nipflow api-server: error: --host {args.host}: without a key the server would take uploads, "
+              f"fine-tuning jobs and fault settings (/admin/faults) from anyone who reaches it; set --api-key "
+              f"or ${API_KEY_ENV}, or keep the default --host 127.0.0.1", file=sys.stderr)
         return EXIT_USAGE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nip_core.llm.engines import EngineError, check_engine
