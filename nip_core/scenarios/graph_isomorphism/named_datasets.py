@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -51,6 +52,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+#: what a dataset name may be: one path component below the data directory
+DATASET_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 
 
 class UnknownDatasetError(KeyError):
@@ -166,6 +171,10 @@ def ensure_named_dataset(
     UnknownDatasetError
         If the file is missing and ``name``/``split`` is not registered.
     """
+    if not DATASET_NAME_RE.fullmatch(name):
+        # the name is a directory under data_dir: a path ('../x', '/x') would read elsewhere
+        raise UnknownDatasetError(f"dataset {name!r}: a graph-isomorphism dataset name is one path component "
+                                  "(letters, digits, '.', '_', '-', not starting with '.'), not a path")
     path = raw_data_path(default_data_dir() if data_dir is None else data_dir, name, split)
     if path.is_file():
         return path

@@ -453,3 +453,16 @@ def test_create_script(tmp_path, capsys):
     assert "exists" in capsys.readouterr().err
     assert script.main([*argv, "--overwrite", "--split", "test"]) == 0
     assert raw_data_path(tmp_path, "demo", "test").read_bytes() == before
+
+
+@pytest.mark.parametrize("name", ["../../outside", "/abs", "a/b", "..", ".hidden", ""])
+def test_a_dataset_name_that_is_a_path_is_refused_before_anything_is_read(tmp_path, name):
+    # the name is a directory under data_dir/graph_isomorphism: '../../outside' read the file
+    # planted in tmp_path/outside (a weights-only torch.load, but still a file outside data_dir)
+    data_dir = tmp_path / "data"
+    escaped = tmp_path / "outside" / "raw" / "train" / "data.pt"
+    escaped.parent.mkdir(parents=True)
+    escaped.write_bytes(b"planted")
+    with pytest.raises(named_datasets.UnknownDatasetError, match="is one path component"):
+        GraphIsomorphismDataset.from_name(name, "train", data_dir=data_dir)
+    assert not data_dir.exists()  # nothing created either
