@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from same_run_baseline import RESULT_PREFIX, code_root, compare, speedup  # noqa: E402
+from same_run_baseline import RESULT_PREFIX, code_root, compare, cpu_model, speedup  # noqa: E402
 
 sys.path.insert(0, str(code_root()))  # this checkout's nip_core, or a baseline worktree's
 
@@ -140,6 +140,7 @@ def compare_with_baseline(args, argv: list[str]) -> None:
             continue
         if not item.startswith(("--baseline=", "--repetitions=")):
             child_argv.append(item)
+    print(f"CPU: {cpu_model()}", flush=True)
     current, baseline = compare(Path(__file__).resolve(), child_argv, args.baseline, args.repetitions)
     ratio, low, high = speedup([r["s_per_iter"] for r in current], [r["s_per_iter"] for r in baseline])
     s_per_iter = sum(r["s_per_iter"] for r in current) / len(current)
@@ -192,6 +193,7 @@ def measure(args) -> None:
     s_per_iter = elapsed / args.iterations
     frames_per_s = trainer.frames_per_batch / s_per_iter
     peak_rss_mb = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    print(f"CPU: {cpu_model()}")
     print(f"device: {trainer.settings.device}"
           + (f" ({torch.cuda.get_device_name(trainer.settings.device)})" if trainer._computes_on_cuda() else "")
           + f", precision: {args.precision}, compile: {args.compile or 'eager'}, torch threads: "

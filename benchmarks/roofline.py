@@ -38,6 +38,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from gi_ppo import build_trainer  # noqa: E402
+from same_run_baseline import cpu_model  # noqa: E402
 
 DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
                "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2}
@@ -148,6 +149,7 @@ def main(argv=None) -> None:
     logging.getLogger("torchrl").setLevel(logging.WARNING)
     bandwidth = triad_bandwidth()
     peak = {"fp32": gemm_peak(torch.float32), "bf16": gemm_peak(torch.bfloat16)}
+    print(f"CPU: {cpu_model()}")
     print(f"triad bandwidth: {bandwidth / 1e9:.1f} GB/s; GEMM peak: fp32 {peak['fp32'] / 1e9:.1f} GFLOP/s, "
           f"bf16 {peak['bf16'] / 1e9:.1f} GFLOP/s (one thread)")
     ops, wall_ms, steps = profile_update(args.precision, args.workload)

@@ -26,6 +26,18 @@ CODE_ROOT_ENV = "NIPFLOW_BENCH_CODE_ROOT"
 RESULT_PREFIX = "BENCH_RESULT "
 
 
+def cpu_model() -> str:
+    """This machine's CPU model as ``lscpu`` names it (every figure is reported with it)."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
 def code_root() -> Path:
     """Where this process imports ``nip_core`` from: a baseline worktree or this checkout."""
     return Path(os.environ.get(CODE_ROOT_ENV) or REPO)

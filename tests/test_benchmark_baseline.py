@@ -37,6 +37,7 @@ def test_baseline_runs_the_refs_code_in_a_worktree_and_ends_with_the_machine_rea
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("CPU: ")
     roots = dict(re.findall(r"^\s*(current|baseline) .* code=(\S+)$", done.stdout, re.M))
     assert roots["current"] == str(REPO)
     assert roots["baseline"] != str(REPO) and roots["baseline"].endswith("/tree")
@@ -58,3 +59,4 @@ def test_roofline_reports_the_machine_limits_and_a_bound_below_the_measured_step
     assert all(float(v) > 0 for v in figures.values())
     assert float(figures["bound_ms"]) < float(figures["step_ms"])  # a lower bound is below what is measured
     assert "| aten::" in done.stdout  # the op table
+    assert done.stdout.startswith("CPU: ") and "unknown CPU" not in done.stdout  # figures name the machine
