@@ -5,9 +5,13 @@ workers poll it (docs/architecture.md#prefect-sqlite); PostgreSQL does not.
 :class:`PostgresCluster` runs the server binaries of an installed PostgreSQL
 (``initdb``, ``pg_ctl``, ``createdb``) on a directory of your choice:
 
-* ``initdb`` with ``trust`` authentication, listening on ``127.0.0.1`` only (no Unix
-  socket), database superuser ``postgres``; the cluster lives in ``<base_dir>/data``
-  and logs to ``<base_dir>/postgres.log``;
+* ``initdb`` with password authentication (``scram-sha-256``), listening on ``127.0.0.1``
+  only (no Unix socket), database superuser ``postgres`` with a random password made at
+  ``initdb`` and kept in ``<base_dir>/client-password`` (mode 0600, readable by the user
+  who made the cluster alone: another user of the machine cannot connect); the cluster
+  lives in ``<base_dir>/data`` and logs to ``<base_dir>/postgres.log``. A cluster made by
+  an older version with ``trust`` authentication (no password file) is still used as it is;
+  remove it to get a password;
 * ``pg_ctl start -w`` on the given port, or on a free one (a port taken between the
   choice and the bind is retried with another one);
 * ``createdb`` of the Prefect database (``prefect``) if it does not exist;
@@ -30,15 +34,18 @@ import glob
 import os
 import pwd
 import re
+import secrets
 import shutil
 import socket
 import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
+from urllib.parse import quote
 
 PG_BIN_ENV = "NIPFLOW_PG_BIN"
 PG_USER_ENV = "NIPFLOW_PG_USER"
 SUPERUSER = "postgres"
+PASSWORD_FILE = "client-password"
 DEFAULT_DATABASE = "prefect"
 HOST = "127.0.0.1"
 # TCP on the loopback address only, no Unix socket (a reused cluster is held to it too)
@@ -98,9 +105,11 @@ def postgres_os_user() -> Optional[str]:
         f"create one (useradd --system nipflow-pg) and set {PG_USER_ENV} to it")
 
 
-def _pg_env() -> dict[str, str]:
-    """This environment without the libpq variables that would redirect a client."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C"}
+def _pg_env(password: Optional[str] = None) -> dict[str, str]:
+    """This environment without the libpq variables that would redirect a client (and with
+    ``PGPASSWORD`` for a client of a cluster with a password)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")} | {"LC_ALL": "C"}
+    return env | {"PGPASSWORD": password} if password else env
 
 
 class PostgresCluster:
@@ -128,11 +137,25 @@ class PostgresCluster:
 
     # -- what clients need -----------------------------------------------------------------
 
+    @property
+    def password_file(self) -> Path:
+        return self.base_dir / PASSWORD_FILE
+
+    def password(self) -> Optional[str]:
+        """The superuser's password (``None`` for a cluster made with ``trust`` by an older version)."""
+        try:
+            return self.password_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+
     def url(self, driver: str = "postgresql+asyncpg") -> str:
-        """The SQLAlchemy URL of the database (no password: trust auth on 127.0.0.1)."""
+        """The SQLAlchemy URL of the database, with the superuser's password (a secret: print
+        it through ``redact``)."""
         if self.port is None:
             raise PostgresError(f"the cluster in {self.base_dir} is not running")
-        return f"{driver}://{SUPERUSER}@{HOST}:{self.port}/{self.database}"
+        password = self.password()
+        user = f"{SUPERUSER}:{quote(password, safe='')}" if password else SUPERUSER
+        return f"{driver}://{user}@{HOST}:{self.port}/{self.database}"
 
     @property
     def initialized(self) -> bool:
@@ -145,13 +168,13 @@ class PostgresCluster:
     # -- processes ------------------------------------------------------------------------
 
     def _run(self, args: Sequence[str], *, check: bool = True, as_server: bool = False,
-             timeout: float = 120) -> subprocess.CompletedProcess:
+             timeout: float = 120, password: Optional[str] = None) -> subprocess.CompletedProcess:
         """Run a PostgreSQL binary; server binaries as :attr:`os_user` (root is refused)."""
         cmd = [str(self.bin_dir / args[0]), *args[1:]]
         if as_server and self.os_user:
             cmd = ["runuser", "-u", self.os_user, "--", *cmd]
         try:
-            proc = subprocess.run(cmd, cwd="/", env=_pg_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            proc = subprocess.run(cmd, cwd="/", env=_pg_env(password), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             raise PostgresError(f"{args[0]} did not finish in {timeout} s ({self.base_dir})") from e
@@ -183,17 +206,32 @@ class PostgresCluster:
                 f"(for example under /tmp or /var/tmp), make them so (chmod o+x), or set {PG_USER_ENV}")
 
     def init(self) -> None:
-        """``initdb`` (trust auth, 127.0.0.1 only) unless ``base_dir`` already holds a cluster."""
+        """``initdb`` (password auth, 127.0.0.1 only) unless ``base_dir`` already holds a cluster."""
         self._give_to_server_user()
         if self.initialized:
             return
         if self.data_dir.exists() and any(self.data_dir.iterdir()):
             raise PostgresError(f"{self.data_dir} is not empty and holds no PostgreSQL cluster")
-        args = ["initdb", "-D", str(self.data_dir), "-U", SUPERUSER, "--auth=trust", "-E", "UTF8",
-                "--locale=C"]
-        if not self.durable:
-            args.append("--no-sync")
-        self._run(args, as_server=True)
+        password = secrets.token_urlsafe(24)
+        # initdb (run as the server's OS user) reads the password from a file of that user
+        pwfile = self.base_dir / ".initdb-password"
+        fd = os.open(pwfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(password + "\n")
+            if self.os_user:
+                entry = pwd.getpwnam(self.os_user)
+                os.chown(pwfile, entry.pw_uid, entry.pw_gid)
+            args = ["initdb", "-D", str(self.data_dir), "-U", SUPERUSER, "--auth=scram-sha-256",
+                    f"--pwfile={pwfile}", "-E", "UTF8", "--locale=C"]
+            if not self.durable:
+                args.append("--no-sync")
+            self._run(args, as_server=True)
+        finally:
+            pwfile.unlink(missing_ok=True)
+        fd = os.open(self.password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # this user's alone
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
         settings = ["max_connections = 200"]  # where it listens is given at every start (LISTEN)
         if not self.durable:
             settings += ["fsync = off", "synchronous_commit = off", "full_page_writes = off"]
@@ -225,7 +263,8 @@ class PostgresCluster:
         return self
 
     def _create_database(self) -> None:
-        proc = self._run(["createdb", "-h", HOST, "-p", str(self.port), "-U", SUPERUSER, self.database], check=False)
+        proc = self._run(["createdb", "-h", HOST, "-p", str(self.port), "-U", SUPERUSER, "-w", self.database],
+                         check=False, password=self.password())
         if proc.returncode != 0 and "already exists" not in proc.stdout:
             raise PostgresError(f"createdb {self.database} on port {self.port} failed: {proc.stdout.strip()}")
 

@@ -11,7 +11,9 @@ unset PREFECT_API_URL OPENAI_BASE_URL OPENAI_API_KEY
 # and tests/e2e/test_browser_ui.py fails (never skips) naming what is missing.
 ./scripts/ensure_browser.sh || echo "warning: scripts/ensure_browser.sh failed: the browser tests will fail" >&2
 set +e
-.venv/bin/python -m pytest -q --timeout=900 --durations=40 "$@"
+# Two test processes (pytest-xdist): the end-to-end tests run one after another in one of them
+# (tests/conftest.py puts them in one xdist_group), the rest of the suite beside them.
+.venv/bin/python -m pytest -q --timeout=900 --durations=40 -n 2 --dist loadgroup "$@"
 rc=$?
 set -e
 # pytest's exit code 5 means no test was collected: that is a failure here.

@@ -21,6 +21,8 @@ from pydantic import BaseModel
 
 from nip_core.errors import FineTuneJobFailed
 from nip_core.llm import remote_objects as remote
+from nip_core.llm.capabilities import offers_structured_output
+from nip_core.llm.policy.formats import DECISION_ACCEPT, DECISION_REJECT
 from nip_core.llm.remote_objects import find_jobs
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,12 @@ class PureTextSharedModelGroupState(BaseModel):
     last_status: str | None = None  # of the job, when it was last polled
 
 
+def _note_duplicates(record: dict[str, Any], cancelled: list[str]) -> None:
+    """Keep the ids of duplicate jobs that were cancelled in the fine-tune record."""
+    if cancelled:
+        record["cancelled_duplicates"] = sorted(set(record.get("cancelled_duplicates", [])) | set(cancelled))
+
+
 class PureTextWholeAgent:
     """Calls chat completions for one agent; the scenario instance holds it in ``Agent.whole``.
 
@@ -77,11 +85,24 @@ class PureTextWholeAgent:
         self.params = params
         self._client = client_factory
         self._model_name = model_name
+        self._structured: dict[str, bool] = {}  # model -> the server offers structured output
 
-    def generate(self, messages: list[dict[str, str]], seed: int | None = None) -> tuple[str, str, int]:
+    def _constrain_decisions(self, model: str) -> bool:
+        setting = getattr(self.params, "decision_constraint", "off")
+        if setting != "auto":
+            return setting == "on"
+        if model not in self._structured:  # one models.retrieve per model (a fine-tune is a new one)
+            self._structured[model] = offers_structured_output(self._client(), model)
+        return self._structured[model]
+
+    def generate(self, messages: list[dict[str, str]], seed: int | None = None, *,
+                 decision: bool = False) -> tuple[str, str, int]:
         """One completion: ``(content, finish_reason, total_tokens)``.
 
-        ``seed`` makes the sampling reproducible where the API supports it. Rate limits (429 with ``Retry-After``) and connection errors are retried by the
+        ``seed`` makes the sampling reproducible where the API supports it. ``decision``: the
+        reply must be a decision (a verifier's last round); with the agent's
+        ``decision_constraint`` on, the API is asked to hold it to ``Decision: accept`` or
+        ``Decision: reject`` (``guided_choice``). Rate limits (429 with ``Retry-After``) and connection errors are retried by the
         openai client itself.
         """
         p = self.params
@@ -93,6 +114,8 @@ class PureTextWholeAgent:
             kwargs["temperature"] = p.temperature
         if p.top_p is not None:
             kwargs["top_p"] = p.top_p
+        if decision and self._constrain_decisions(kwargs["model"]):
+            kwargs["extra_body"] = {"guided_choice": [DECISION_ACCEPT, DECISION_REJECT]}
         resp = self._client().chat.completions.create(**kwargs)
         choice = resp.choices[0]
         tokens = int(getattr(resp.usage, "total_tokens", 0) or 0) if resp.usage is not None else 0
@@ -175,14 +198,15 @@ class PureTextSharedModelGroup:
             return INSUFFICIENT_DATA_JOB_ID
         record = self._read_record(run, iteration)
         client = self._client()
-        # A job of this intent may exist from an interrupted attempt: adopt the latest attempt.
+        # A job of this intent may exist from an interrupted attempt: adopt it (remote.adopt's rule).
         prior = find_jobs(client, {k: v for k, v in self.job_metadata(run, run_id, iteration, 1).items()
                                    if k != "nipflow_attempt"})
         if prior:
-            job = max(prior, key=lambda j: (int((j.metadata or {}).get("nipflow_attempt", "1")), j.created_at))
+            job, cancelled = remote.adopt(client, prior)
             attempt = int(job.metadata["nipflow_attempt"])
             record.setdefault("file_id", job.training_file)
             record.update(job_id=job.id, attempt=attempt, method=method, seed=seed, base_model=job.model)
+            _note_duplicates(record, cancelled)
             self._write_record(run, iteration, record)
             return self._use_job(job.id, attempt)
         data = remote.jsonl_bytes(examples)
@@ -202,12 +226,13 @@ class PureTextSharedModelGroup:
             run.check_lease()
         suffix = f"{run_id}_iter_{iteration}_{self.group_name}"[-MAX_SUFFIX:].replace(":", "_")
         extra = {"seed": record["seed"]} if record.get("seed") is not None else {}
-        job, created = remote.create_job_once(
+        job, created, cancelled = remote.create_job_once(
             self._client(), self.job_metadata(run, run_id, iteration, attempt), model=record["base_model"],
             training_file=record["file_id"], suffix=suffix, method={"type": record["method"]}, **extra)
         if not created:
             log.info("group %s iteration %d: adopted job %s (attempt %d)", self.group_name, iteration, job.id, attempt)
         record.update(job_id=job.id, attempt=attempt)
+        _note_duplicates(record, cancelled)
         self._write_record(run, iteration, record)
         return self._use_job(job.id, attempt)
 

@@ -130,3 +130,16 @@ def _check_with_table(model: str, method: str, base_url: str, listed: bool) -> d
         raise ModelNotFineTunableError(
             model, method, base_url, f"OpenAI offers {method} only for {', '.join(having)}")
     return dict(offered)
+
+
+def offers_structured_output(client: Any, model: str) -> bool:
+    """Whether the server lists ``model`` with ``capabilities.structured_output``: nipflow's
+    transformers and vLLM engines do (they enforce ``response_format``, ``guided_regex`` and
+    ``guided_choice``); the selection engine and OpenAI's entries do not."""
+    import openai
+
+    try:
+        entry = client.models.retrieve(model)
+    except openai.NotFoundError:
+        return False
+    return bool((_capabilities(entry) or {}).get("structured_output"))

@@ -78,6 +78,8 @@ class LocalApiServer:
         Added to every chat completion.
     faults
         Fault injection config (:class:`~nip_core.llm.server.faults.FaultConfig`).
+    max_upload_mb
+        ``--max-upload-mb`` (``None``: the server's default, 512).
     detached
         Start the server in its own session so that it outlives this process.
     engine
@@ -98,6 +100,7 @@ class LocalApiServer:
         faults: FaultConfig | dict | None = None,
         *,
         job_workers: int = 2,
+        max_upload_mb: float | None = None,
         startup_timeout: float = 60.0,
         log_level: str = "warning",
         detached: bool = False,
@@ -112,6 +115,7 @@ class LocalApiServer:
         self.latency_ms = latency_ms
         self.faults = FaultConfig.parse(faults) if faults is not None else None
         self.job_workers = job_workers
+        self.max_upload_mb = max_upload_mb
         self.startup_timeout = startup_timeout
         self.log_level = log_level
         self.detached = detached
@@ -161,6 +165,8 @@ class LocalApiServer:
             "--job-workers", str(self.job_workers),
             "--log-level", self.log_level,
         ]
+        if self.max_upload_mb is not None:
+            cmd += ["--max-upload-mb", repr(self.max_upload_mb)]
         if self.faults is not None:
             cmd += ["--faults", self.faults.model_dump_json()]
         cmd += ["--engine", self.engine]

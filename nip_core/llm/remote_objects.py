@@ -9,10 +9,20 @@ retries can create one more job (each billed). Here creates are never retried bl
    client-side on every page of the listing; a file's deterministic name);
 2. only if it is absent, send the create request once, with the client's own retries
    switched off;
-3. after any failure whose outcome is unknown (connection error, timeout, 5xx, 408, 409,
-   429), go back to 1.
+3. after any failure whose outcome is unknown (connection error, timeout, 5xx, 408, 409),
+   keep looking the object up for a while before creating it again: a create that timed
+   out may still be running on the server, a 502 may hide a server that went on working,
+   and a listing may lag a create. The look-ups come 0.25, 0.5, 1, 2, 4... s apart until
+   ``settle_s`` has passed (``$NIPFLOW_CREATE_SETTLE_S``, default 30 s); only an object
+   still absent then is created again. A 429 says the request was refused (OpenAI acts on
+   no rate-limited request): one look-up after the wait it asks for, then a new create.
 
 Errors that say the request was refused (other 4xx) are raised at once.
+
+Fine-tune jobs of one intent found more than once (created before this rule, or by a
+server that acted on a request twice) follow one rule everywhere (:func:`adopt`): the
+highest ``nipflow_attempt`` wins and, within it, the oldest job; the others are cancelled
+and their ids returned, so that the caller records them.
 See ``docs/behaviour.md`` ("Exactly-once remote creation").
 """
 
@@ -22,6 +32,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -33,8 +44,33 @@ from nip_core.errors import NipflowError
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Status codes after which the request may or may not have been acted on.
+#: Status codes after which the request may or may not have been acted on (429 is retried
+#: too, but as a refusal: see the module docstring).
 UNKNOWN_OUTCOME_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+SETTLE_ENV = "NIPFLOW_CREATE_SETTLE_S"
+DEFAULT_SETTLE_S = 30.0
+#: statuses of a job that can still be cancelled
+_CANCELLABLE = frozenset({"validating_files", "queued", "running", "paused"})
+
+
+def settle_seconds() -> float:
+    """How long a create with an unknown outcome is looked up before it is sent again.
+
+    Raises
+    ------
+    ValueError
+        ``$NIPFLOW_CREATE_SETTLE_S`` is not a number of seconds >= 0 (named in the message).
+    """
+    raw = os.environ.get(SETTLE_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_SETTLE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"${SETTLE_ENV}={raw!r}: must be a number of seconds >= 0")
+    return value
 
 
 class RemoteCreateError(NipflowError):
@@ -58,11 +94,14 @@ def outcome_unknown(error: BaseException) -> bool:
 
 def create_exactly_once(what: str, lookup: Callable[[], T | None], create: Callable[[], T], *,
                         max_tries: int = 8, backoff_s: float = 0.25, max_backoff_s: float = 8.0,
+                        settle_s: float | None = None,
                         sleep: Callable[[float], None] = time.sleep) -> tuple[T, bool]:
     """``(object, created)``: the object found by ``lookup``, else the one ``create`` made.
 
     ``create`` must not retry by itself (use :func:`no_retry`). ``lookup`` is called
-    before every create attempt, so a create whose response was lost is found there.
+    before every create attempt, and repeatedly for ``settle_s`` seconds (default
+    :func:`settle_seconds`) after a create whose outcome is unknown, so a create whose
+    response was lost, or that the server carries out late, is found there.
 
     Raises
     ------
@@ -71,6 +110,7 @@ def create_exactly_once(what: str, lookup: Callable[[], T | None], create: Calla
     openai.APIStatusError
         If the server refused the request (a 4xx other than 408/409/429).
     """
+    settle_s = settle_seconds() if settle_s is None else settle_s
     last: BaseException | None = None
     for attempt in range(max_tries):
         found = lookup()
@@ -88,13 +128,35 @@ def create_exactly_once(what: str, lookup: Callable[[], T | None], create: Calla
             retry_after = _retry_after(e)
             if retry_after is not None:
                 wait = max(wait, min(retry_after, 60.0))
-            log.warning("%s: create request failed (%s: %s); looking it up again in %.2f s",
-                        what, type(e).__name__, e, wait)
-            sleep(wait)
+            if getattr(e, "status_code", None) == 429:  # refused, not acted on
+                log.warning("%s: create request rate-limited; trying again in %.2f s", what, wait)
+                sleep(wait)
+                continue
+            log.warning("%s: create request failed (%s: %s); looking it up for up to %.0f s before creating "
+                        "it again", what, type(e).__name__, e, max(settle_s, wait))
+            found = _settle(lookup, max(settle_s, wait), backoff_s, sleep)
+            if found is not None:
+                log.info("%s: found after the failed create request; not creating again", what)
+                return found, False
     found = lookup()
     if found is not None:
         return found, False
     raise RemoteCreateError(what, max_tries, last)
+
+
+def _settle(lookup: Callable[[], T | None], settle_s: float, first_s: float,
+            sleep: Callable[[float], None]) -> T | None:
+    """Look up at ``first_s``, then doubling intervals, until ``settle_s`` has passed."""
+    waited, interval = 0.0, max(first_s, 0.05)
+    while waited < settle_s:
+        step = min(interval, settle_s - waited)
+        sleep(step)
+        waited += step
+        found = lookup()
+        if found is not None:
+            return found
+        interval *= 2
+    return None
 
 
 def _retry_after(error: BaseException) -> float | None:
@@ -116,7 +178,9 @@ def no_retry(client: Any) -> Any:
 # -- fine-tune jobs ------------------------------------------------------------------------
 
 def find_jobs(client: Any, metadata: dict[str, str], page_size: int = 100) -> list[Any]:
-    """Every job whose metadata contains all of ``metadata``, over all pages, oldest first.
+    """Every job whose metadata contains all of ``metadata``, over all pages, oldest first
+    (by ``created_at``, which counts whole seconds; jobs of the same second in the reverse of
+    the listing's newest-first order).
 
     The server's metadata filter is only a hint: each job is checked here as well (a
     server that ignores the filter, or matches loosely, must not make us adopt a job
@@ -127,21 +191,60 @@ def find_jobs(client: Any, metadata: dict[str, str], page_size: int = 100) -> li
         have = job.metadata or {}
         if all(have.get(k) == v for k, v in metadata.items()):
             found.append(job)
-    return sorted(found, key=lambda j: (j.created_at, j.id))
+    return sorted(reversed(found), key=lambda j: j.created_at)
 
 
-def create_job_once(client: Any, metadata: dict[str, str], **create_args: Any) -> tuple[Any, bool]:
-    """Adopt the job carrying exactly ``metadata``, or create it once; ``(job, created)``."""
+def _attempt(job: Any) -> int:
+    try:
+        return int((job.metadata or {}).get("nipflow_attempt", "1"))
+    except ValueError:
+        return 1
+
+
+def adopt(client: Any, jobs: list[Any]) -> tuple[Any, list[str]]:
+    """The job to use among ``jobs`` of one intent, and the ids of the duplicates it handled.
+
+    One rule everywhere: the highest ``nipflow_attempt``, then the oldest (``jobs`` in
+    :func:`find_jobs`'s order). Jobs of that attempt other than the chosen one are duplicates: each one that
+    can still run is cancelled (a failed cancel is logged: the next look-up tries again).
+    The ids returned are those of the duplicates not already cancelled before this call
+    (one that had already finished is listed too: it was billed). Earlier attempts ended
+    before a later one was created and are left alone.
+    """
+    top = max(_attempt(j) for j in jobs)
+    same = [j for j in jobs if _attempt(j) == top]  # find_jobs's order: oldest first
+    chosen, handled = same[0], []
+    for job in same[1:]:
+        if job.status == "cancelled":
+            continue
+        handled.append(job.id)
+        log.warning("job %s (%s) duplicates %s (metadata %s)%s", job.id, job.status, chosen.id, chosen.metadata,
+                    "; cancelling it" if job.status in _CANCELLABLE else "")
+        if job.status in _CANCELLABLE:
+            try:
+                client.fine_tuning.jobs.cancel(job.id)
+            except openai.APIError as e:
+                log.warning("could not cancel duplicate job %s: %s", job.id, e)
+    return chosen, handled
+
+
+def create_job_once(client: Any, metadata: dict[str, str], **create_args: Any) -> tuple[Any, bool, list[str]]:
+    """Adopt the job carrying exactly ``metadata``, or create it once: ``(job, created,
+    cancelled)``, ``cancelled`` the ids of duplicates found and cancelled (:func:`adopt`)."""
+    cancelled: list[str] = []
+
     def lookup() -> Any:
         jobs = find_jobs(client, metadata)
-        if len(jobs) > 1:
-            log.warning("%d jobs carry metadata %s (created before exactly-once creation?); adopting the "
-                        "oldest, %s", len(jobs), metadata, jobs[0].id)
-        return jobs[0] if jobs else None
+        if not jobs:
+            return None
+        job, extra = adopt(client, jobs)
+        cancelled.extend(i for i in extra if i not in cancelled)
+        return job
 
-    return create_exactly_once(
+    job, created = create_exactly_once(
         f"fine-tune job {metadata}", lookup,
         lambda: no_retry(client).fine_tuning.jobs.create(metadata=metadata, **create_args))
+    return job, created, cancelled
 
 
 # -- files ---------------------------------------------------------------------------------

@@ -214,6 +214,10 @@ class HyperParameters(ParamsModel):
                     f"agents.{name}: parameters of kind '{getattr(agent, 'kind', '?')}' "
                     f"do not fit scenario '{self.scenario}'"
                 )
+            if (getattr(agent, "decision_constraint", None) == "on" and name != DEFAULT_AGENT_KEY
+                    and "verifier" not in name):
+                raise ValueError(f"agents.{name}.decision_constraint: 'on' holds a verifier's decision to its "
+                                 f"form; {name} is a prover and never decides")
         from nip_core.trainers.registry import is_text_trainer
 
         text_trainer = is_text_trainer(self.trainer)

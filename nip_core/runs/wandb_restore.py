@@ -23,7 +23,6 @@ created again; the W&B run id is kept, so the resumed run goes on logging to the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -39,6 +38,7 @@ from nip_core.errors import NipflowError
 from nip_core.logging.wandb_logger import MIRROR_DIR
 from nip_core.parameters import HyperParameters
 from nip_core.runs.store import METADATA_FILE, PARAMS_FILE, STATE_FILE, RunStore
+from nip_core.utils.fileio import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -261,14 +261,6 @@ def restore_from_wandb(store: RunStore, run_id: str, wandb_path: str | None = No
 # -- checking and writing ---------------------------------------------------------------------
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def check_restored_files(run_id: str, files: dict[str, str], source: str) -> RestoredRun:
     """Check the files of a run before they are written; returns what they hold.
 
@@ -315,7 +307,7 @@ def check_restored_files(run_id: str, files: dict[str, str], source: str) -> Res
             log.warning("%s: no manifest %s; this checkpoint is not restored", files[rel], manifest_rel)
             continue
         manifest = _read_json(files[manifest_rel], "checkpoint manifest")
-        if _sha256(files[rel]) != manifest.get("sha256"):
+        if file_sha256(files[rel]) != manifest.get("sha256"):
             raise WandbRestoreError(f"{files[rel]}: sha256 does not match its manifest {manifest_rel}")
         if manifest.get("params_hash") != params_hash:
             raise WandbRestoreError(f"{files[rel]}: written for params hash {manifest.get('params_hash')}, "

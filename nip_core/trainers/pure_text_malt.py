@@ -223,10 +223,11 @@ class _BranchAgent:
         self.agent = agent
         self.salt = salt
 
-    def generate(self, messages: list[dict[str, str]], seed: int | None = None) -> tuple[str, str, int]:
+    def generate(self, messages: list[dict[str, str]], seed: int | None = None, *,
+                 decision: bool = False) -> tuple[str, str, int]:
         if seed is not None:
             seed = stable_seed(seed, "malt", *self.salt, modulus=2**31)
-        return self.agent.generate(messages, seed=seed)
+        return self.agent.generate(messages, seed=seed, decision=decision)
 
 
 @dataclass

@@ -93,7 +93,8 @@ class TextActor:
             parsed, text, tries = None, None, 0
             while parsed is None and tries <= params.num_invalid_generation_retries:
                 seed = stable_seed(hist.seed, int(state["datapoint_id"]), rnd, agent, tries, modulus=2**31)
-                text, finish, tokens = self.agents[agent].generate(prompt, seed=seed)
+                text, finish, tokens = self.agents[agent].generate(prompt, seed=seed,
+                                                                   decision=is_verifier and rnd == last)
                 with self._lock:
                     self.tokens += tokens
                 if finish == "length":

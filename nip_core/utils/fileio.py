@@ -1,10 +1,20 @@
-"""Durable, atomic file writes and process liveness checks shared across nip_core."""
+"""Durable, atomic file writes, file digests and process liveness checks shared across nip_core."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from pathlib import Path
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o666) -> None:

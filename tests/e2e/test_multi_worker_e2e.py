@@ -41,6 +41,10 @@ HERE = Path(__file__).resolve().parent
 FAKES_PATH = os.pathsep.join([str(REPO), str(REPO / "tests" / "flows"), str(HERE / "e2e_site")])
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
 BLOCK_SLEEP_S = 3  # inside each block: long enough that two blocks would overlap without the limit
+#: the first block of each run: longer than the start of one experiment's parent flow run can
+#: lag the other's (5 s was seen on a busy machine), so that the other's first block flow run
+#: is Running while this one holds the slot, and waits for it
+FIRST_BLOCK_SLEEP_S = 12
 
 
 def worker_env(runs_dir: Path, name: str, **extra: str) -> dict[str, str]:
@@ -99,7 +103,7 @@ def test_gpu_limit_keeps_rl_blocks_of_two_experiments_apart(prefect_server, depl
         limit = client.read_concurrency_limit_by_tag("gpu")
     assert (limit.tag, limit.concurrency_limit) == ("gpu", 1)
 
-    extra = {"E2E_BLOCK_SLEEP_S": str(BLOCK_SLEEP_S)}
+    extra = {"E2E_BLOCK_SLEEP_S": str(BLOCK_SLEEP_S), "E2E_FIRST_BLOCK_SLEEP_S": str(FIRST_BLOCK_SLEEP_S)}
     started_workers = [
         workers.start(tmp_path / "cpu", pool="nipflow-cpu", name="cpu-1", env=worker_env(runs_dir, "cpu-1", **extra)),
         workers.start(tmp_path / "gpu-a", pool="nipflow-gpu", name="gpu-a", env=worker_env(runs_dir, "gpu-a", **extra)),

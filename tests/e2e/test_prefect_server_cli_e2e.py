@@ -121,7 +121,9 @@ def test_server_on_its_own_cluster_stops_cleanly_and_keeps_its_data(data_root, t
                        env=client_env(server.api_url, tmp_path / "client"), stdin=subprocess.DEVNULL,
                        capture_output=True, timeout=120)
         (pg_url,) = PG_URL.findall(out)
-        assert work_pools_in_database(pg_url) == ["probe-pool"]
+        password = cluster.password()
+        assert password and password not in out and pg_url.startswith("postgresql+asyncpg://postgres:***@")
+        assert work_pools_in_database(pg_url.replace(":***@", f":{password}@")) == ["probe-pool"]
         assert cluster.running()
     finally:
         status = server.signal_and_wait(signal.SIGTERM)

@@ -30,12 +30,12 @@ def base_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def query(cluster: PostgresCluster, sql: str, fetch: bool = True):
-    """Run ``sql`` over TCP as the cluster's superuser (trust auth: no password)."""
+def query(cluster: PostgresCluster, sql: str, fetch: bool = True, url: str | None = None):
+    """Run ``sql`` over TCP as the cluster's superuser (with its password, from ``url()``)."""
     import asyncpg
 
     async def run():
-        conn = await asyncpg.connect(cluster.url(driver="postgresql"))
+        conn = await asyncpg.connect(url or cluster.url(driver="postgresql"))
         try:
             return await (conn.fetch(sql) if fetch else conn.execute(sql))
         finally:
@@ -48,8 +48,12 @@ def test_start_creates_database_and_a_restart_keeps_its_data(base_dir):
     cluster = PostgresCluster(base_dir, durable=False)
     try:
         cluster.start()
-        assert cluster.url().startswith("postgresql+asyncpg://postgres@127.0.0.1:")
+        password = cluster.password()
+        assert password and len(password) >= 30
+        assert cluster.url().startswith(f"postgresql+asyncpg://postgres:{password}@127.0.0.1:")
         assert cluster.url().endswith("/prefect")
+        assert oct(cluster.password_file.stat().st_mode & 0o777) == "0o600"
+        assert redact(cluster.url()) == cluster.url().replace(password, "***")
         query(cluster, "CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)", fetch=False)
         first_port = cluster.port
         cluster.stop()
@@ -70,11 +74,19 @@ def test_start_creates_database_and_a_restart_keeps_its_data(base_dir):
         cluster.remove()
 
 
-def test_trust_auth_listens_on_loopback_only(base_dir):
+def test_password_auth_listens_on_loopback_only(base_dir):
+    import asyncpg
+
     with PostgresCluster(base_dir, durable=False) as cluster:
         hba = [line.split() for line in (cluster.data_dir / "pg_hba.conf").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
-        assert hba and {row[-1] for row in hba} == {"trust"}
+        assert hba and {row[-1] for row in hba} == {"scram-sha-256"}
+        # another user of the machine, without the password, is refused
+        no_password = cluster.url(driver="postgresql").replace(f":{cluster.password()}@", "@")
+        with pytest.raises((asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)):
+            query(cluster, "SELECT 1", url=no_password)
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            query(cluster, "SELECT 1", url=no_password.replace("postgres@", "postgres:guess@"))
         assert {row[3] for row in hba if row[0] == "host"} <= {"127.0.0.1/32", "::1/128"}
         # no Unix socket, TCP on the loopback address only
         settings = {r["name"]: r["setting"] for r in query(

@@ -37,6 +37,14 @@ class EngineError(NipflowError):
     """An engine cannot be set up as asked (the message names the option or model)."""
 
 
+class ConstraintError(EngineError):
+    """An output constraint an engine cannot enforce or compile; ``param`` names the request field."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What a chat completion request asks of the sampler (already validated by the route).
@@ -52,6 +60,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    #: a :class:`~nip_core.llm.engines.constraints.OutputConstraint` (checked by
+    #: :meth:`Engine.check_constraint`), or ``None``
+    constraint: Any = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,13 @@ class Engine(ABC):
         paths relative to ``data_dir`` (``memory`` may be ``""``)."""
 
     # -- inference --------------------------------------------------------------------
+
+    def check_constraint(self, constraint: Any) -> None:
+        """Refuse an output constraint this engine cannot enforce or compile (``EngineError``
+        with a ``param`` attribute naming the request field). Engines that sample tokens
+        enforce them (:mod:`~nip_core.llm.engines.constraints`); this one does not."""
+        raise ConstraintError(f"{constraint.param}: structured output is not supported by the {self.name} engine "
+                              f"(use --engine transformers or vllm)", constraint.param)
 
     @abstractmethod
     async def chat(self, model: Any, messages: list[dict[str, Any]], params: SamplingParams) -> ChatResult:

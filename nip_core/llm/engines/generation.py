@@ -8,7 +8,9 @@ prompts padded on the left, one forward pass per new token with the key/value ca
 :func:`generate_rows` samples every row with its own settings (temperature, nucleus
 ``top_p``, a ``torch.Generator`` seeded from the request's ``seed`` and the choice index,
 token limit, stop strings), so a row's text does not depend on what it was batched with
-(up to floating-point noise from the padding). Temperature 0 is greedy.
+(up to floating-point noise from the padding). Temperature 0 is greedy. A row with a
+``matcher`` (structured output, :mod:`~nip_core.llm.engines.constraints`) samples only
+tokens the matcher allows and stops when the required form is complete.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 
 from nip_core.llm.engines.base import Generation, SamplingParams, TokenLogprob
+from nip_core.llm.engines.constraints import mask_logits
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +48,14 @@ class Row:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    matcher: Any = None  # an llguidance matcher of this row alone, or None
 
 
-def make_rows(prompt: list[int], params: SamplingParams, context: int) -> tuple[list[Row], int]:
+def make_rows(prompt: list[int], params: SamplingParams, context: int,
+              new_matcher: Callable[[], Any] | None = None) -> tuple[list[Row], int]:
     """Rows of a request and the prompt length used (prompts longer than the context lose
-    their start: the end of a conversation is what the reply depends on most)."""
+    their start: the end of a conversation is what the reply depends on most).
+    ``new_matcher`` makes each row's constraint matcher (structured output)."""
     wanted = params.max_tokens or DEFAULT_MAX_NEW_TOKENS
     max_new = max(1, min(wanted, max(context - len(prompt), context // 2)))
     if len(prompt) + max_new > context:
@@ -59,7 +65,7 @@ def make_rows(prompt: list[int], params: SamplingParams, context: int) -> tuple[
     for choice in range(params.n):
         generator = torch.Generator().manual_seed((base_seed * 1_000_003 + choice) % (1 << 63))
         rows.append(Row(prompt, max_new, params.temperature, params.top_p, generator, params.stop,
-                        params.logprobs, params.top_logprobs))
+                        params.logprobs, params.top_logprobs, new_matcher() if new_matcher else None))
     return rows, len(prompt)
 
 
@@ -112,14 +118,19 @@ def generate_rows(model: Any, tokenizer: Any, rows: Sequence[Row], device: str) 
             if finish[i] is not None:
                 feed.append(pad)
                 continue
-            token = _sample(logits[i], row)
+            token = _sample(logits[i] if row.matcher is None else mask_logits(logits[i], row.matcher), row)
             feed.append(token)
+            if row.matcher is not None and not row.matcher.consume_token(token):
+                raise RuntimeError(f"structured output: token {token} refused: {row.matcher.get_error()}")
             if token == eos:
                 finish[i] = "stop"
                 continue
             tokens[i].append(token)
             if row.logprobs:
                 lps[i].append(_token_logprob(logits[i], token, row.top_logprobs, decode))
+            if row.matcher is not None and row.matcher.is_stopped():  # the form is complete
+                finish[i] = "stop"
+                continue
             if row.stop:
                 text = decode(tokens[i])
                 cut = min((text.find(s) for s in row.stop if s and s in text), default=-1)

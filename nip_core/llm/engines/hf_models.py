@@ -1,8 +1,10 @@
 """Base models of the transformers engine and the fine-tuned models it writes.
 
-A base model is the built-in ``nipflow-tiny-lm`` (:mod:`~nip_core.llm.engines.tiny`) or one
-given with ``--base-model [NAME=]PATH_OR_ID``: a local model directory or a Hugging Face id
-already in the local cache. Nothing is downloaded unless ``--allow-download`` is given
+A base model is the built-in ``nipflow-tiny-lm`` (:mod:`~nip_core.llm.engines.tiny`), the
+built-in real model ``--base-model smollm2-135m-instruct`` (:mod:`~nip_core.llm.engines.smollm2`:
+fetched by the install step, de-quantised once into the data directory), or one given with
+``--base-model [NAME=]PATH_OR_ID``: a local model directory or a Hugging Face id already in
+the local cache. Nothing is downloaded unless ``--allow-download`` is given
 (:func:`offline_mode` sets ``HF_HUB_OFFLINE=1`` and every load passes
 ``local_files_only=True``).
 
@@ -28,7 +30,10 @@ from typing import Any
 import torch
 
 from nip_core.llm.engines.base import EngineError
+from nip_core.llm.engines.smollm2 import NAME as SMOLLM2
+from nip_core.llm.engines.smollm2 import materialise
 from nip_core.llm.engines.tiny import TINY_MODEL_NAME, build_tiny_model, build_tokenizer, tiny_spec
+from nip_core.settings import default_data_dir
 
 META_FILE = "nipflow_model.json"
 
@@ -81,6 +86,10 @@ def parse_base_models(values: list[str], allow_download: bool) -> dict[str, Base
     tiny_training = {**HF_TRAINING_DEFAULTS, **tiny_spec()["training"]}
     specs = {TINY_MODEL_NAME: BaseSpec(TINY_MODEL_NAME, "builtin", tiny_training)}
     for value in values:
+        if value.strip() == SMOLLM2 and SMOLLM2 not in specs:
+            # a plain model directory made from the installed GGUF (the first time: ~30 s)
+            specs[SMOLLM2] = BaseSpec(SMOLLM2, str(materialise(default_data_dir())), dict(HF_TRAINING_DEFAULTS))
+            continue
         name, _, source = value.partition("=") if "=" in value else (value, "", value)
         name, source = name.strip(), source.strip()
         if not name or ":" in name or any(ch.isspace() for ch in name):

@@ -22,6 +22,7 @@ from nip_core.llm.engines.base import (
     ChatResult, CheckpointCallback, Engine, SamplingParams, StepCallback, TrainedModel, TrainingConfig,
     fine_tuning_capabilities,
 )
+from nip_core.llm.engines.constraints import Matchers
 from nip_core.llm.engines.generation import Batcher, generate_rows, make_rows
 from nip_core.llm.engines.hf_models import LoadedLM, ModelStore, offline_mode, parse_base_models, resolve_device
 from nip_core.llm.engines.trl_training import TrainedArtifact, encode_prompt, train_with_trl
@@ -78,6 +79,7 @@ class TransformersEngine(Engine):
         self.full_fine_tune = full_fine_tune
         self.models = ModelStore(parse_base_models(list(base_models), allow_download), self.device, allow_download)
         self.batcher = Batcher(batch_window_ms / 1000.0, max_batch_size)
+        self.matchers = Matchers()
 
     def start(self) -> None:
         import datasets
@@ -104,7 +106,7 @@ class TransformersEngine(Engine):
         return name if name in self.models.specs else None
 
     def capabilities(self, base: str) -> dict[str, Any]:
-        return fine_tuning_capabilities(supervised=True, dpo=True)
+        return {**fine_tuning_capabilities(supervised=True, dpo=True), "structured_output": True}
 
     def load_base(self, name: str) -> LoadedLM:
         return self.models.load_base(name)
@@ -122,9 +124,16 @@ class TransformersEngine(Engine):
     def context_length(self, lm: LoadedLM) -> int:
         return int(getattr(lm.model.config, "max_position_embeddings", 0) or 2048)
 
+    def check_constraint(self, constraint: Any) -> None:
+        constraint.grammar()  # compiles, or names the field
+
     async def chat(self, model: LoadedLM, messages: list[dict[str, Any]], params: SamplingParams) -> ChatResult:
         prompt = encode_prompt(model.tokenizer, messages)
-        rows, prompt_tokens = make_rows(prompt, params, self.context_length(model))
+        new_matcher = None
+        if params.constraint is not None:
+            n_vocab = int(model.model.config.vocab_size)
+            new_matcher = lambda: self.matchers.new(params.constraint, model.tokenizer, n_vocab)  # noqa: E731
+        rows, prompt_tokens = make_rows(prompt, params, self.context_length(model), new_matcher)
         generations = await self.batcher.submit(
             id(model), rows, lambda batch: generate_rows(model.model, model.tokenizer, batch, self.device)
         )

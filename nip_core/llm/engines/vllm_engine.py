@@ -143,6 +143,7 @@ class VllmEngine(TransformersEngine):
             rows.append(_VllmRow(prompt, VllmSamplingParams(
                 n=1, temperature=params.temperature, top_p=params.top_p, seed=seed, max_tokens=max_new,
                 stop=list(params.stop) or None, logprobs=(params.top_logprobs or 1) if params.logprobs else None,
+                **_structured_outputs(params.constraint),
             ), lora))
         generations = await self.batcher.submit("vllm", rows, self._generate)
         return ChatResult(generations=generations, prompt_tokens=len(prompt))
@@ -161,6 +162,22 @@ class VllmEngine(TransformersEngine):
             out.append(Generation(text=choice.text, finish_reason=choice.finish_reason or "stop",
                                   completion_tokens=len(choice.token_ids), logprobs=lps))
         return out
+
+
+def _structured_outputs(constraint: Any) -> dict[str, Any]:
+    """vLLM's own structured output for a constraint, as a ``SamplingParams`` keyword
+    (``structured_outputs`` from vLLM 0.11, ``guided_decoding`` before)."""
+    if constraint is None:
+        return {}
+    fields = {"json_schema": {"json": constraint.value}, "json_object": {"json_object": True},
+              "regex": {"regex": constraint.value}, "choice": {"choice": list(constraint.value)}}[constraint.kind]
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        return {"guided_decoding": GuidedDecodingParams(**fields, backend="guidance")}
+    return {"structured_outputs": StructuredOutputsParams(**fields)}
 
 
 def _token_logprob(token: int, step: dict, top: int) -> TokenLogprob:

@@ -18,12 +18,15 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from nip_core.llm.engines import make_engine
 from nip_core.llm.server import chat, routes_files, routes_jobs, routes_models
 from nip_core.llm.server.config import ServerConfig
 from nip_core.llm.server.errors import error_body, install_error_handlers
-from nip_core.llm.server.faults import FaultConfig, FaultInjector, discard, drop_connection, endpoint_group
+from nip_core.llm.server.faults import (
+    FaultConfig, FaultInjector, discard, drop_connection, endpoint_group, read_request, replay,
+)
 from nip_core.llm.server.files import FileService
 from nip_core.llm.server.jobs import JobManager
 from nip_core.llm.server.registry import ModelRegistry
@@ -66,6 +69,19 @@ _FAULT_BODIES = {
 }
 
 
+def too_large(limit_mb: float) -> dict:
+    return error_body(f"Request body too large: the limit is {limit_mb:g} MB (nipflow api-server --max-upload-mb).",
+                      "invalid_request_error", "file", "file_too_large")
+
+
+class BodyTooLarge(Exception):
+    """A request body without a length grew past ``--max-upload-mb`` (answered 413)."""
+
+    def __init__(self, limit_mb: float):
+        super().__init__(f"request body over {limit_mb:g} MB")
+        self.limit_mb = limit_mb
+
+
 class Gateway:
     """Health check, API key check and fault injection in front of the FastAPI app."""
 
@@ -74,6 +90,8 @@ class Gateway:
         self.config = config
         self.faults = faults
         self._key = config.api_key.get_secret_value().encode("utf-8") if config.api_key else None
+        self._late: set[asyncio.Task] = set()  # requests an act-late fault still has to handle
+        self._max_body = int(config.max_upload_mb * 1024 * 1024)
 
     async def __call__(self, scope: dict[str, Any], receive, send) -> None:
         if scope["type"] != "http":
@@ -91,6 +109,11 @@ class Gateway:
                            "invalid_request_error", None, "invalid_api_key"),
             )
             return
+        declared = dict(scope.get("headers", ())).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_body:
+            await _send_json(send, 413, too_large(self.config.max_upload_mb), {"connection": "close"})
+            return
+        receive = self._limited(receive)
         group = endpoint_group(path)
         if group is not None:
             fault, delay, rule = self.faults.draw(group, scope.get("method", "GET"))
@@ -107,12 +130,40 @@ class Gateway:
                     await _send_json(send, 502, error_body("response lost (injected fault)", "server_error"),
                                      {"connection": "close"})
                 return
+            if fault == "act_late":
+                body = await read_request(receive)
+                if not await drop_connection(send):
+                    await _send_json(send, 502, error_body("response lost (injected fault)", "server_error"),
+                                     {"connection": "close"})
+                task = asyncio.create_task(self._act_later(rule.act_late_s, scope, body))
+                self._late.add(task)
+                task.add_done_callback(self._late.discard)
+                return
             if fault == "drop" and await drop_connection(send):
                 return
             if fault == "drop":
                 await _send_json(send, 503, error_body("connection dropped (injected fault)", "server_error"), {"connection": "close"})
                 return
         await self.app(scope, receive, send)
+
+    def _limited(self, receive):
+        """``receive`` that stops a body growing past the limit (one sent without a length)."""
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self._max_body:
+                    raise BodyTooLarge(self.config.max_upload_mb)
+            return message
+
+        return limited
+
+    async def _act_later(self, delay_s: float, scope: dict[str, Any], body: list[dict]) -> None:
+        await asyncio.sleep(delay_s)
+        await self.app(scope, replay(body), discard)
 
     def _authorized(self, scope: dict[str, Any]) -> bool:
         for name, value in scope.get("headers", ()):
@@ -158,6 +209,11 @@ def create_app(config: ServerConfig, on_shutdown: Callable[[], None] | None = No
     app.state.jobs = jobs
     app.state.faults = faults
     install_error_handlers(app)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return JSONResponse(too_large(exc.limit_mb), status_code=413, headers={"connection": "close"})
+
     for router in (routes_models.router, chat.router, routes_files.router, routes_jobs.router, admin):
         app.include_router(router)
     return Gateway(app, config, faults)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any, Literal
 
 import anyio
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from nip_core.llm.engines.base import ChatResult, Generation, SamplingParams
+from nip_core.llm.engines.base import ChatResult, ConstraintError, Generation, SamplingParams
+from nip_core.llm.engines.constraints import parse_constraint
 from nip_core.llm.server.errors import invalid_request, model_not_found
 from nip_core.llm.server.records import new_id, now
 from nip_core.llm.server.registry import UnknownModelError
@@ -43,6 +45,10 @@ class ChatCompletionRequest(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool | None = None
+    # structured output (nip_core/llm/engines/constraints.py): OpenAI's field and vLLM's two
+    response_format: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
 
 
 def _check(req: ChatCompletionRequest) -> list[str]:
@@ -118,6 +124,12 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request) -
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
     )
+    try:
+        params = replace(params, constraint=parse_constraint(req.response_format, req.guided_regex, req.guided_choice))
+        if params.constraint is not None:
+            state.engine.check_constraint(params.constraint)
+    except ConstraintError as exc:
+        raise invalid_request(str(exc), param=exc.param) from None
     if state.config.latency_ms:
         # sleeping in the event loop lets other requests proceed meanwhile
         await asyncio.sleep(state.config.latency_ms / 1000.0)

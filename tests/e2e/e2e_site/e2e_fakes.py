@@ -1,8 +1,8 @@
 """The fake trainers of ``tests/flows/nipflow_fakes.py`` with execution records for e2e tests.
 
 * ``vanilla_ppo`` -> :class:`TimedRlTrainer`: every ``run_iterations`` (one RL block) sleeps
-  ``E2E_BLOCK_SLEEP_S`` seconds (so that two blocks *would* overlap without the ``gpu``
-  limit) and then appends ``{"event": "block", "t0", "t1", ...}`` (wall-clock seconds) to
+  ``E2E_BLOCK_SLEEP_S`` seconds (the first block of a run ``E2E_FIRST_BLOCK_SLEEP_S``, if
+  set: so that two blocks *would* overlap without the ``gpu`` limit) and then appends ``{"event": "block", "t0", "t1", ...}`` (wall-clock seconds) to
   the run's ``executions.jsonl``.
 * ``pure_text_ei`` -> :class:`TracedTextTrainer`: its first stage appends
   ``{"event": "process", ...}`` naming the process that ran the run.
@@ -30,7 +30,8 @@ def _process() -> dict:
 class TimedRlTrainer(FakeRlTrainer):
     def run_iterations(self, start: int, stop: int) -> None:
         t0 = time.time()
-        time.sleep(float(os.environ.get("E2E_BLOCK_SLEEP_S", "0")))
+        every = os.environ.get("E2E_BLOCK_SLEEP_S", "0")
+        time.sleep(float(os.environ.get("E2E_FIRST_BLOCK_SLEEP_S", every) if start == 0 else every))
         super().run_iterations(start, stop)
         record(self.run, event="block", start=start, stop=stop, t0=t0, t1=time.time(), **_process())
 

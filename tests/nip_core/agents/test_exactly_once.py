@@ -7,6 +7,7 @@ the response, as a proxy or a flaky network does after the server created the ob
 from __future__ import annotations
 
 import shutil
+import time
 from types import SimpleNamespace
 
 import openai
@@ -194,3 +195,73 @@ def test_job_lookup_pages_through_every_job_and_checks_metadata_itself(client, t
     assert [j.id for j in find_jobs(client, wanted, page_size=2)] == [ids[0]]
     loose = FilterIgnoringClient(client)
     assert [j.id for j in find_jobs(loose, wanted, page_size=2)] == [ids[0]]
+
+
+def act_late(posts_of: str, after_s: float, seed: int = 5) -> dict:
+    return {"seed": seed, "endpoints": {posts_of: {"rate_act_late": 1.0, "act_late_s": after_s, "methods": ["POST"]}}}
+
+
+def test_a_job_the_server_creates_only_after_the_response_was_lost_is_found_not_created_again(
+        server, client, tmp_path, monkeypatch):
+    """The server drops the connection and creates the job 1.5 s later (a create that timed out
+    while the server kept working): the look-ups of the settle window find it. Before the
+    settle window the one look-up 0.25 s later missed it and a second job was created."""
+    monkeypatch.setenv("NIPFLOW_CREATE_SETTLE_S", "10")
+    run = new_run(tmp_path)
+    g = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client)
+    g.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=0)  # the upload, clean
+    jobs_before = len(jobs_of(client, run))
+    server.set_faults(act_late("fine_tuning.jobs", 1.5))
+    late = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client)
+    job_id = late.create_supervised_fine_tune_job(examples(tag="late"), run=run, run_id=run.run_id, iteration=0)
+    assert server.fault_status()["injected"] == {"fine_tuning.jobs:act_late": 1}
+    server.clear_faults()
+    time.sleep(2.0)  # a second job, had one been sent, would be listed by now
+    provers = [j for j in jobs_of(client, run) if j.metadata["nipflow_group"] == "prover"]
+    assert [j.id for j in provers] == [job_id] and len(jobs_of(client, run)) == jobs_before + 1
+
+
+def test_a_job_never_created_is_created_again_once_the_settle_window_has_passed(server, client, tmp_path, monkeypatch):
+    monkeypatch.setenv("NIPFLOW_CREATE_SETTLE_S", "1")
+    run = new_run(tmp_path)
+    server.set_faults({"seed": 2, "endpoints": {"fine_tuning.jobs": {"rate_500": 0.5, "methods": ["POST"],
+                                                                     "retry_after_s": 0}}})
+    g = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client)
+    started = time.monotonic()
+    job_id = g.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=1)
+    waited = time.monotonic() - started
+    failed = server.fault_status()["injected"].get("fine_tuning.jobs:500", 0)
+    server.clear_faults()
+    assert [j.id for j in jobs_of(client, run)] == [job_id]
+    assert failed >= 1 and waited >= failed * 1.0  # each 500 was looked up for the window first
+
+
+@pytest.fixture
+def slow_jobs_client(tmp_path):
+    """A server whose jobs run for a while (so that a duplicate is still running when found)."""
+    with local_api_server(tmp_path / "slow", job_time_scale=1.0) as s:
+        yield s.client(max_retries=2, timeout=30.0)
+
+
+def test_duplicates_of_one_intent_follow_one_rule_oldest_of_the_last_attempt_the_rest_cancelled(slow_jobs_client,
+                                                                                               tmp_path):
+    client = slow_jobs_client
+    run = new_run(tmp_path)
+    g = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client)
+    first = g.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=3)
+    record = run.read_json("fine_tune/iter_3_verifier.json")
+    metadata = g.job_metadata(run, run.run_id, 3, 1)
+    # two more jobs with the same intent, as a server that acted on one request three times leaves
+    extra = [client.fine_tuning.jobs.create(model="gpt-4o-mini", training_file=record["file_id"],
+                                            metadata=metadata).id for _ in range(2)]
+    run.storage.remove("fine_tune/iter_3_verifier.json")  # a restarted process, nothing recorded
+    again = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client)
+    assert again.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=3) == first
+    assert run.read_json("fine_tune/iter_3_verifier.json")["cancelled_duplicates"] == sorted(extra)
+    statuses = {j.id: j.status for j in jobs_of(client, run)}
+    assert statuses[first] != "cancelled" and all(statuses[i] == "cancelled" for i in extra)
+    # the exactly-once path itself (a retried attempt's look-up) applies the same rule
+    from nip_core.llm.remote_objects import create_job_once
+
+    job, created, cancelled = create_job_once(client, metadata, model="gpt-4o-mini", training_file=record["file_id"])
+    assert (job.id, created, cancelled) == (first, False, [])  # the cancelled ones are listed, not chosen again

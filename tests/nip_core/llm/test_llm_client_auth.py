@@ -69,3 +69,23 @@ def test_cli_rejects_a_bad_configuration(tmp_path, argv, capsys):
     assert main(["--port", "0", "--data-dir", str(tmp_path), *argv]) == EXIT_USAGE
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"nipflow api-server: error: {argv[0]}")
+
+
+def test_a_body_over_the_upload_limit_is_a_413_and_nothing_is_stored(tmp_path):
+    import httpx
+    import openai
+
+    with local_api_server(tmp_path, max_upload_mb=0.01) as server:  # 10,485 bytes
+        client = server.client(max_retries=0)
+        line = json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})
+        small = client.files.create(file=("small.jsonl", (line + "\n").encode() * 20), purpose="fine-tune")
+        with pytest.raises(openai.APIStatusError) as declared:
+            client.files.create(file=("big.jsonl", (line + "\n").encode() * 200), purpose="fine-tune")
+        # the same without a Content-Length: cut off while it streams
+        chunks = (b"x" * 4096 for _ in range(8))
+        streamed = httpx.post(f"{server.base_url}/files", content=chunks, timeout=30,
+                              headers={"content-type": "multipart/form-data; boundary=b"})
+        assert [f.id for f in client.files.list()] == [small.id]
+    assert declared.value.status_code == 413 and declared.value.body["code"] == "file_too_large"
+    assert "--max-upload-mb" in declared.value.body["message"]
+    assert streamed.status_code == 413 and streamed.json()["error"]["code"] == "file_too_large"

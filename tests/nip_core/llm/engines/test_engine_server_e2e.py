@@ -25,7 +25,8 @@ def test_models_keep_openai_fields_and_add_capabilities(tiny_client):
     models = {m.id: m for m in tiny_client.models.list()}
     tiny = models[TINY]
     assert (tiny.object, tiny.owned_by) == ("model", "system") and isinstance(tiny.created, int)
-    assert tiny.model_extra["capabilities"] == {"fine_tuning": {"supervised": True, "dpo": True}}
+    assert tiny.model_extra["capabilities"] == {"fine_tuning": {"supervised": True, "dpo": True},
+                                                "structured_output": True}
     assert tiny.model_extra["engine"] == "transformers"
     assert tiny_client.models.retrieve(TINY).model_extra["capabilities"]["fine_tuning"]["dpo"] is True
 
