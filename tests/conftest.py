@@ -64,13 +64,3 @@ def one_thread():
     yield
     torch.set_num_threads(previous)
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under ``-n 2 --dist loadgroup`` (scripts/run_tests.sh) the tests of ``tests/e2e`` (real
-    Prefect servers on PostgreSQL, several workers, a browser) run one after another in one
-    test process, beside the rest of the suite spread over both: two of them at once would
-    only slow each other down."""
-    e2e_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e") + os.sep
-    for item in items:
-        if str(item.path).startswith(e2e_dir):
-            item.add_marker(pytest.mark.xdist_group("e2e"))
