@@ -136,7 +136,8 @@ def test_server_on_its_own_cluster_stops_cleanly_and_keeps_its_data(data_root, t
     again = start_cli_server(tmp_path / "second", "--data-dir", str(data_dir))
     try:
         (pg_url,) = PG_URL.findall(again.output())
-        assert work_pools_in_database(pg_url) == ["probe-pool"]
+        assert work_pools_in_database(pg_url.replace(":***@", f":{password}@")) == ["probe-pool"]
+        assert cluster.password() == password  # the same cluster, the same password
     finally:
         status = again.signal_and_wait(signal.SIGINT)
     assert status == 0, again.output()[-3000:]
