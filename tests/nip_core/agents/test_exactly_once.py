@@ -265,3 +265,23 @@ def test_duplicates_of_one_intent_follow_one_rule_oldest_of_the_last_attempt_the
 
     job, created, cancelled = create_job_once(client, metadata, model="gpt-4o-mini", training_file=record["file_id"])
     assert (job.id, created, cancelled) == (first, False, [])  # the cancelled ones are listed, not chosen again
+
+
+@pytest.mark.parametrize("raw, expected", [(None, 30.0), ("", 30.0), ("2.5", 2.5), ("0", 0.0)])
+def test_the_settle_window_comes_from_the_environment(monkeypatch, raw, expected):
+    from nip_core.llm.remote_objects import SETTLE_ENV, settle_seconds
+
+    if raw is None:
+        monkeypatch.delenv(SETTLE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SETTLE_ENV, raw)
+    assert settle_seconds() == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "inf", "nan"])
+def test_a_bad_settle_window_is_refused_naming_the_variable(monkeypatch, raw):
+    from nip_core.llm.remote_objects import SETTLE_ENV, settle_seconds
+
+    monkeypatch.setenv(SETTLE_ENV, raw)
+    with pytest.raises(ValueError, match=r"\$NIPFLOW_CREATE_SETTLE_S="):
+        settle_seconds()
