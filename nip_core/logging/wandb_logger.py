@@ -39,6 +39,8 @@ MIRROR_DIR = "nipflow_run_store"
 STATE_BUNDLE = ("state.json", "hyper_params.json", "metadata.json", "metrics.jsonl")
 #: run-store directories of small JSON records also put into every ``state`` version
 RECORD_DIRS = ("fine_tune", "models", "stages")
+#: how long ``close()`` waits for W&B to write the run file out after ``finish()``
+FINISH_WRITE_TIMEOUT_S = 60.0
 
 
 def resolve_wandb_mode(setting: str | None) -> str:
@@ -152,7 +154,15 @@ class WandbStatLogger(StatLogger):
         return rels
 
     def close(self) -> None:
+        """Finish the W&B run and wait until its run file is written out (see
+        :func:`nip_core.logging.wandb_reader.wait_until_complete`)."""
+        from nip_core.logging.wandb_reader import wait_until_complete
+
+        run_file = self.wandb_run.settings.sync_file
         self.wandb_run.finish()
+        if not wait_until_complete(run_file, FINISH_WRITE_TIMEOUT_S):
+            log.warning("W&B has not finished writing %s after %.0f s; it may still be incomplete",
+                        run_file, FINISH_WRITE_TIMEOUT_S)
 
 
 class _Staging:

@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import struct
+import time
 from typing import Any, Iterator
 
 BLOCK = 32 * 1024
@@ -36,6 +37,8 @@ def iter_raw_records(path: str) -> Iterator[bytes]:
         if kind == 0 and length == 0:  # zero padding at the end of a block
             pos += block_left
             continue
+        if pos + 7 + length > len(data):
+            return  # a record still being written (the file of a live run)
         chunk = data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind == FULL:
@@ -47,6 +50,41 @@ def iter_raw_records(path: str) -> Iterator[bytes]:
         elif kind == LAST:
             yield pending + chunk
             pending = b""
+
+
+def is_complete(run_file: str) -> bool:
+    """Whether the run file ends with its ``exit`` record (W&B wrote everything of the run)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    last = None
+    try:
+        for raw in iter_raw_records(run_file):
+            last = raw
+    except (OSError, ValueError):  # not there yet, or not even its header
+        return False
+    if last is None:
+        return False
+    record = pb.Record()
+    record.ParseFromString(last)
+    return record.WhichOneof("record_type") == "exit"
+
+
+def wait_until_complete(run_file: str, timeout_s: float) -> bool:
+    """Wait until ``run_file`` is complete (see :func:`is_complete`); False after ``timeout_s``.
+
+    ``wandb.Run.finish()`` returns once W&B's service has the run's last record, but the
+    service writes the run file out afterwards, on its own time (seen: the file still at
+    its 7-byte header right after ``finish()`` under load). Whoever reads the file next —
+    ``nipflow status``, a restore from the W&B directory — needs it whole.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    while not is_complete(run_file):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+    return True
 
 
 def read_offline_run(run_file: str) -> dict[str, Any]:

@@ -306,6 +306,34 @@ def prefect_file_with_watcher_interval(tmp_path: Path, interval_s: int) -> Path:
     return path
 
 
+AUTOMATIONS_FILE = REPO / "deployments" / "automations.yaml"
+
+
+def automations_with_window(tmp_path: Path, window_s: int) -> Path:
+    """A copy of ``deployments/automations.yaml`` whose proactive (no-heartbeat) windows are
+    ``window_s`` seconds instead of 90 (Prefect accepts 10 s and more)."""
+    import yaml
+
+    spec = yaml.safe_load(AUTOMATIONS_FILE.read_text())
+    proactive = [a for a in spec["automations"] if a["trigger"]["posture"] == "Proactive"]
+    assert len(proactive) == 2, [a["name"] for a in spec["automations"]]
+    for automation in proactive:
+        automation["trigger"]["within"] = window_s
+    path = tmp_path / "automations.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def install_automations(server: PrefectServer, path: Path) -> tuple[list[str], list[str]]:
+    """``flows.prefect_setup.ensure_automations(path)`` against ``server``: (created, updated)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.prefect_setup import ensure_automations
+
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        return ensure_automations(path)
+
+
 def prefect_yaml_usage_command() -> list[str]:
     """The ``prefect deployment run ...`` line of the usage comment at the top of ``deployments/prefect.yaml``."""
     import shlex

@@ -19,27 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
-from prefect_e2e_processes import Api, wait_for
+from prefect_e2e_processes import Api, automations_with_window, install_automations, wait_for
 
 pytestmark = [pytest.mark.e2e]
 
 WINDOW_S = 10  # the least Prefect accepts for a proactive trigger
-AUTOMATIONS = Path(__file__).resolve().parents[2] / "deployments" / "automations.yaml"
-
-
-def _short_windows(tmp_path: Path) -> Path:
-    spec = yaml.safe_load(AUTOMATIONS.read_text())
-    for automation in spec["automations"]:
-        if automation["trigger"]["posture"] == "Proactive":
-            automation["trigger"]["within"] = WINDOW_S
-    path = tmp_path / "automations.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
 
 
 def _heartbeat(api_url: str, flow_run) -> None:
@@ -80,12 +67,8 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(prefect_server, tmp_path_factory):
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from flows.prefect_setup import ensure_automations
-
-    with temporary_settings(updates={PREFECT_API_URL: prefect_server.api_url}):
-        created, _ = ensure_automations(_short_windows(tmp_path_factory.mktemp("automations")))
+    created, _ = install_automations(prefect_server,
+                                     automations_with_window(tmp_path_factory.mktemp("automations"), WINDOW_S))
     assert len(created) == 3, created
     return Runs(prefect_server.api_url)
 

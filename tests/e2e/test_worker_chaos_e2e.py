@@ -21,8 +21,11 @@ working directory:
 3. a seeded moment of the next 40 s, on a seeded pool.
 
 Nothing in the test repairs anything: the runs that died with a worker are marked Crashed
-by the automations (no heartbeat for 90 s) and put back to Scheduled; a crashed block is
-dispatched again. Both runs must complete with one fine-tune job per (iteration, group),
+by the automations and put back to Scheduled; a crashed block is dispatched again. The
+automations are those of ``deployments/automations.yaml`` with a shorter window, for speed
+only: a run is crashed after WINDOW_S = 50 s without a heartbeat instead of 90 s (flow runs
+send one every 30 s, the least Prefect accepts: a heartbeat may come up to 20 s late, and a
+flow-run process has 50 s from Pending to its first one). Both runs must complete with one fine-tune job per (iteration, group),
 one metrics line per (kind, iteration) and their result card. ``NIPFLOW_CHAOS_SEED``
 picks other moments (the default seed is what CI runs).
 """
@@ -38,7 +41,15 @@ from pathlib import Path
 
 import pytest
 
-from prefect_e2e_processes import Api, REPO, prefect_file_with_watcher_interval, setup_and_deploy, wait_for
+from prefect_e2e_processes import (
+    REPO,
+    Api,
+    automations_with_window,
+    install_automations,
+    prefect_file_with_watcher_interval,
+    setup_and_deploy,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -47,6 +58,7 @@ SEED = int(os.environ.get("NIPFLOW_CHAOS_SEED", "20261126"))
 # (a run that stays Crashed is caught by the wait's timeout and its diagnosis)
 FINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 CV_RUN, GI_RUN = "cv-chaos", "gi-chaos"
+WINDOW_S = 50
 CV_ITERATIONS, GI_ITERATIONS = 3, 4
 TINY_GI = ["rl.frames_per_batch=16", "rl.num_epochs=1", "rl.minibatch_size=8", "rl.num_test_iterations=1",
            "rl.num_normalization_steps=3", "agents._default.num_gnn_layers=1", "agents._default.d_gnn=2"]
@@ -120,6 +132,8 @@ def test_runs_complete_whatever_moment_their_workers_die(prefect_server, workers
     api = Api(prefect_server.api_url)
     runs_dir = tmp_path / "runs"
     setup_and_deploy(prefect_server, prefect_file_with_watcher_interval(tmp_path, 10))
+    _, updated = install_automations(prefect_server, automations_with_window(tmp_path, WINDOW_S))
+    assert len(updated) == 2, updated
     pools = Pools(workers, tmp_path, {
         "NIPFLOW_PROJECT_DIR": str(REPO), "NIPFLOW_RUNS_DIR": str(runs_dir), "NIPFLOW_DATA_DIR": str(tmp_path / "data"),
         "OPENAI_BASE_URL": llm_server.base_url, "PREFECT_WORKER_QUERY_SECONDS": "2"})

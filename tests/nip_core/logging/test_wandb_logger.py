@@ -45,3 +45,56 @@ def test_resume_continues_the_same_wandb_run(tmp_path):
     for path in (tmp_path / "wb1").rglob("*"):
         if path.is_file():
             assert b"SENTINEL" not in path.read_bytes(), path
+
+
+def test_close_returns_only_once_the_run_file_is_written_out(tmp_path):
+    """``wandb.Run.finish()`` returns before W&B's service writes the run file out (seen here:
+    the file still at its 7-byte header, about one time in five); ``close()`` waits for it."""
+    from nip_core.logging import build_stat_logger
+    from nip_core.logging.wandb_reader import is_complete, read_offline_run
+    from nip_core.settings import ExperimentSettings
+
+    params = HyperParameters.from_dict({"scenario": "graph_isomorphism", "trainer": "vanilla_ppo",
+                                        "dataset": "test", "rl": {"num_iterations": 3}})
+    store = RunStore(str(tmp_path))
+    for i in range(8):
+        run = store.open_run(f"wb{i}", params)
+        run.write_json("rollouts/0.json", [{"i": i}])
+        logger = build_stat_logger(params, ExperimentSettings(run_id=f"wb{i}", runs_dir=str(tmp_path),
+                                                              wandb_mode="offline"), run)
+        for it in range(3):
+            logger.log({"mean_accuracy": it / 10}, step=it)
+        logger.log_artifact(f"full_rollouts_wb{i}", "full_rollouts", [run.storage.full("rollouts/0.json")])
+        run_file = logger.loggers[-1].wandb_run.settings.sync_file
+        logger.close()
+        assert is_complete(run_file), f"close {i}: the run file is not written out"
+        summary = read_offline_run(run_file)
+        assert [row["_step"] for row in summary["history"]] == [0, 1, 2]
+        assert [(a["name"], a["files"]) for a in summary["artifacts"]] == [
+            (f"full_rollouts_wb{i}", ["rollouts/0.json"])]
+
+
+def test_a_run_file_being_written_is_read_up_to_its_last_whole_record(tmp_path):
+    from nip_core.logging.wandb_reader import is_complete, iter_raw_records, wait_until_complete
+
+    import threading
+
+    import wandb
+
+    run = wandb.init(project="nipflow", dir=str(tmp_path), mode="offline", reinit="create_new",
+                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
+    run.log({"a": 1}, step=0)
+    run_file = run.settings.sync_file
+    run.finish()
+    assert wait_until_complete(run_file, 60)
+    data = open(run_file, "rb").read()
+    records = list(iter_raw_records(run_file))
+    partial = tmp_path / "partial.wandb"
+    partial.write_bytes(data[:-3])  # the exit record cut short
+    assert list(iter_raw_records(str(partial))) == records[:-1]
+    assert not is_complete(str(partial))
+    assert not wait_until_complete(str(partial), 0.3)
+    assert not is_complete(str(tmp_path / "missing.wandb"))
+    # the rest arrives later: the wait sees it
+    threading.Timer(0.5, lambda: partial.write_bytes(data)).start()
+    assert wait_until_complete(str(partial), 30)

@@ -10,18 +10,20 @@ Configuration: ``configs/gi_nip_ppo_wl.json`` — the main job's (vanilla PPO, n
 prover, one transformer layer per agent, 1,024 frames x 4 epochs, lr 1e-3) with a verifier of
 4 GIN layers instead of 2 (with 2 layers a verifier cannot see WL-3 differences at all),
 PyTorch's default initialisation instead of the orthogonal one (docs/behaviour.md#b18),
-no reward for not guessing, 100 iterations and 4 test batches.
+no reward for not guessing and 4 test batches — trained here for ITERATIONS = 50 of its 100
+iterations (half the time; the whole run is what the README shows).
 
-Calibration (2-core CPU, one torch thread; the run is deterministic there): held-out accuracy
-0.917 over 1,279 test episodes after 100 iterations (4 minutes while another job loaded the
-machine); mean train accuracy 0.526 over the first 20 iterations and 0.813 over the last 20.
-The same configuration tested every 20 iterations (which draws other random numbers) gave
-0.57, 0.71, 0.84, 0.83, 0.75: the policy still moves between iterations. Chance is 0.5 and
-the standard error of an accuracy over ~1,250 episodes about 0.014, so the threshold 0.70
-is 14 standard errors above chance and below every calibrated value after iteration 40.
-The solo verifier with the same 4-layer body, trained supervised (docs/behaviour.md#b18),
-reached 0.87: this shows that RL through the nip protocol trains the verifier on hard data,
-not that the prover was needed for it.
+Calibration (2-core Intel Xeon with AVX-512 BF16, one torch thread; each run deterministic
+there), 50 iterations, the config's seed and two others (other trajectories, as another CPU
+kind may take): held-out accuracy 0.737 / 0.744 / 0.788 over ~1,260 test episodes each
+(seeds 8144 / 1 / 2); mean train accuracy over the first 10 iterations 0.505 / 0.504 / 0.498
+and over the last 10 0.752 / 0.706 / 0.747 (rise 0.25 / 0.20 / 0.25); about 190 s each. The
+full 100 iterations reached 0.917 (seed 8144). Chance is 0.5 and the standard error of an
+accuracy over ~1,250 episodes about 0.014: the threshold 0.65 is 10 standard errors above
+chance and 0.087 below the lowest calibrated value; the rise threshold 0.12 is below every
+calibrated rise by 0.08. The solo verifier with the same 4-layer body, trained supervised
+(docs/behaviour.md#b18), reached 0.87: this shows that RL through the nip protocol trains the
+verifier on hard data, not that the prover was needed for it.
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ from nip_core.trainers import build_trainer
 from tests.nip_core.trainers.gi_helpers import settings_for
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "gi_nip_ppo_wl.json"
-THRESHOLD = 0.70  # held-out accuracy after 100 iterations
-RISE = 0.15  # mean train accuracy, last 20 iterations minus first 20
+ITERATIONS = 50
+THRESHOLD = 0.65  # held-out accuracy after ITERATIONS iterations
+RISE = 0.12  # mean train accuracy, last 10 iterations minus first 10
 
 
 @pytest.mark.slow
 def test_nip_verifier_beats_chance_on_weisfeiler_lehman_matched_data(tmp_path, one_thread):
-    hp = make_params(params_file=CONFIG)
-    assert hp.dataset == "wl-small" and hp.interaction_protocol == "nip" and hp.rl.num_iterations == 100
+    hp = make_params(params_file=CONFIG, overrides=[f"rl.num_iterations={ITERATIONS}"])
+    assert hp.dataset == "wl-small" and hp.interaction_protocol == "nip"
+    assert make_params(params_file=CONFIG).rl.num_iterations == 100  # what the README's command trains
     trainer = build_trainer(hp, settings_for(tmp_path, run_id="wl-small-nip"))
     try:
         trainer.train()
@@ -51,12 +55,12 @@ def test_nip_verifier_beats_chance_on_weisfeiler_lehman_matched_data(tmp_path, o
         trainer.close()
     train = [r["mean_accuracy"] for r in rows if r.get("kind", "train") == "train" and "mean_accuracy" in r]
     test = [r for r in rows if r.get("kind") == "test"]
-    assert len(train) == 100 and test
+    assert len(train) == ITERATIONS and test
     final = test[-1]
     assert final["test_num_episodes"] > 800
     print(f"wl-small nip: test accuracy {final['test_mean_accuracy']:.4f} over {final['test_num_episodes']:.0f} "
-          f"episodes; train accuracy first 20 its {sum(train[:20]) / 20:.4f}, last 20 {sum(train[-20:]) / 20:.4f}")
+          f"episodes; train accuracy first 10 its {sum(train[:10]) / 10:.4f}, last 10 {sum(train[-10:]) / 10:.4f}")
     assert final["test_mean_accuracy"] >= THRESHOLD
-    # The learning curve rises: the last 20 iterations' train accuracy is above the first 20's.
-    first, last = sum(train[:20]) / 20, sum(train[-20:]) / 20
+    # The learning curve rises: the last 10 iterations' train accuracy is above the first 10's.
+    first, last = sum(train[:10]) / 10, sum(train[-10:]) / 10
     assert last >= first + RISE, (first, last)
