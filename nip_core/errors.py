@@ -37,6 +37,15 @@ class ParamsMismatchError(NipflowError):
         )
 
 
+class WriteOnceConflictError(NipflowError):
+    """A write-once run-store file exists already with other content; it was not replaced."""
+
+    def __init__(self, path: str, what: str):
+        self.path = path
+        super().__init__(f"{what} {path} exists already with other content (written by another driver of "
+                         f"this run?); it is written once and was not replaced")
+
+
 class RunLockedError(NipflowError):
     """Another live process is driving the run."""
 

@@ -51,10 +51,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="Erdos-Renyi edge probabilities (default: 0.2 0.4 0.6 0.8)",
     )
     parser.add_argument(
-        "--num-workers", type=int, default=1, help="processes generating cells in parallel"
+        "--num-workers", type=_num_workers, default=None,
+        help="processes generating cells in parallel (default 'auto': one per usable core when "
+             "the dataset would take more than a few seconds in one)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing file")
     return parser
+
+
+def _num_workers(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"'auto' or a whole number >= 1, got {text!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

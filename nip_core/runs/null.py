@@ -59,6 +59,10 @@ class NullRun:
     def write_json(self, rel: str, obj: Any) -> None:
         """Dropped."""
 
+    def write_json_once(self, rel: str, obj: Any, what: str = "file") -> bool:
+        """Dropped (nothing was created)."""
+        return False
+
     def read_json(self, rel: str, what: str = "file") -> Any:
         """Raises ``CheckpointNotFoundError``: nothing is stored."""
         raise self._missing(rel, what)

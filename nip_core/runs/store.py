@@ -35,6 +35,7 @@ from nip_core.errors import (
     InvalidRunIdError,
     ParamsMismatchError,
     RunNotFoundError,
+    WriteOnceConflictError,
 )
 from nip_core.parameters import HyperParameters, diff_params
 from nip_core.runs.lock import RunLock
@@ -113,6 +114,28 @@ class Run:
         if isinstance(obj, BaseModel):
             obj = obj.model_dump(mode="json")
         self.storage.write_bytes(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+    def write_once(self, rel: str, data: bytes, what: str = "file") -> bool:
+        """Create ``rel`` with ``data``; never replace it. Returns whether this call created it.
+
+        For files that are written once and then read as they are (rollouts, transcripts,
+        the models of an iteration). The create is exclusive (:meth:`Storage.create_exclusive`),
+        so two drivers of the run — one paused at any instruction before this call and woken
+        after another took the run over — cannot both put their bytes there: the second one
+        finds the file. The same bytes again are a no-op (a repeated write); other bytes are
+        refused: ``LeaseLostError`` when this driver has lost its lease, else
+        ``WriteOnceConflictError``; either way the file keeps what the first writer wrote.
+        """
+        if self.storage.create_exclusive(rel, data):
+            return True
+        if self.storage.read_bytes(rel) == data:
+            return False
+        self.check_lease()
+        raise WriteOnceConflictError(self.storage.url(rel), what)
+
+    def write_json_once(self, rel: str, obj: Any, what: str = "file") -> bool:
+        """:meth:`write_once` of ``obj`` as :meth:`write_json` writes it."""
+        return self.write_once(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), what)
 
     def read_json(self, rel: str, what: str = "file") -> Any:
         try:

@@ -81,16 +81,18 @@ class RolloutRecords:
         """Write the rollouts (and their transcripts when asked) and log them as artifacts."""
         if not self.run.persistent:
             return  # not even serialised
-        self.run.write_json(rollouts_path(name), [r.to_dict() for r in rollouts])
+        # Written once (Run.write_once): a driver that lost the run while paused cannot
+        # replace what the driver that took over wrote (and built its fine-tune jobs from).
+        self.run.write_json_once(rollouts_path(name), [r.to_dict() for r in rollouts], "rollouts")
         self.log_artifact("full_rollouts", "full_rollouts", [rollouts_path(name)])
         if self.text_rl.save_transcripts:
             data = [raw_transcript(r, self.agent_names) for r in rollouts]
             ext = self.text_rl.transcript_format
             path = f"transcripts/raw_{name}.{ext}"
             if ext == "yaml":
-                self.run.storage.write_bytes(path, yaml.safe_dump(data, sort_keys=False).encode())
+                self.run.write_once(path, yaml.safe_dump(data, sort_keys=False).encode(), "transcripts")
             else:
-                self.run.write_json(path, data)
+                self.run.write_json_once(path, data, "transcripts")
             self.log_artifact("raw_transcript", "raw_transcript", [path])
 
     # -- models and stage summaries ----------------------------------------------------------
@@ -98,7 +100,7 @@ class RolloutRecords:
     def record_models(self, iteration: int, models: dict[str, str]) -> None:
         """Write ``models/iter_{iteration}.json`` unless it exists (written once)."""
         if not self.run.exists(models_path(iteration)):
-            self.run.write_json(models_path(iteration), models)
+            self.run.write_json_once(models_path(iteration), models, "models record")
 
     def write_summary(self, iteration: int, stage: str, summary: dict[str, Any]) -> None:
         self.run.write_json(summary_path(iteration, stage), summary)

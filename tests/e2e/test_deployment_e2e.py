@@ -29,8 +29,8 @@ deployment on the worker (server scheduler -> worker -> ``fine_tune_watcher`` fl
 
 ``train_experiment/nip-gi-ppo`` runs the real GI ``vanilla_ppo`` trainer twice: tiny, with
 the README's command (its RL blocks are ``rl_iteration_block/rl-block`` flow runs on the
-worker of ``nipflow-gpu``), then with the usage line of ``prefect.yaml`` (the deployment's
-own defaults, two iterations). The device is the flow parameter ``device`` (``auto``),
+worker of ``nipflow-gpu``), and at the same time with the usage line of ``prefect.yaml`` (the
+deployment's own defaults, two iterations). The device is the flow parameter ``device`` (``auto``),
 resolved to the CPU on this machine; ``NIPFLOW_DEVICE=cuda`` in that worker's environment
 (what the pool's job variables used to set) changes nothing. A block asked for ``cuda``
 explicitly fails at once, naming ``parameters.device`` and the pool, without a retry.
@@ -272,6 +272,11 @@ def test_gi_deployment_trains_on_the_cpu_through_the_gpu_pool(prefect_server, wo
     command = readme_command("train_experiment/nip-gi-ppo")
     assert f"run_id={GI_RUN_ID}" in command and f"num_iterations={GI_ITERATIONS}" in command
     watch, flow_run_id = start_watched(prefect_server, command, logs[2])
+    # meanwhile, the usage line of prefect.yaml: the deployment's own defaults (most of its time
+    # goes into generating the `small` dataset in its parent flow run; its block and the README
+    # run's blocks take turns on the gpu limit)
+    usage = prefect_server.cli(*prefect_yaml_usage_command()).stdout
+    usage_run_id = flow_run_id_of(usage)
     assert watch.wait(400) == 0, logs[2].read_text()[-3000:]  # --watch: it ends 0 once the run completed
     finished_after = time.monotonic() - started
     final = api.flow_run(flow_run_id)
@@ -300,8 +305,6 @@ def test_gi_deployment_trains_on_the_cpu_through_the_gpu_pool(prefect_server, wo
     assert agents and {t.device.type for t in agents.values()} == {"cpu"}
 
     # the usage line of prefect.yaml: the deployment's own defaults, two iterations (one block)
-    usage = prefect_server.cli(*prefect_yaml_usage_command()).stdout
-    usage_run_id = flow_run_id_of(usage)
     wait_for(lambda: api.flow_run(usage_run_id).state.type.value in TERMINAL, "the prefect.yaml run to finish",
              400, logs, interval=2)
     usage_run = api.flow_run(usage_run_id)

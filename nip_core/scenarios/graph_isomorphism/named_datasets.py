@@ -145,7 +145,7 @@ def named_dataset_config(name: str, split: str) -> GraphIsomorphismDatasetConfig
 
 
 def generate_to_file(
-    config: GraphIsomorphismDatasetConfig, path: str | os.PathLike, *, num_workers: int = 1
+    config: GraphIsomorphismDatasetConfig, path: str | os.PathLike, *, num_workers: int | None = None
 ) -> Path:
     """Generate ``config`` and save it, with its config, to ``path`` (atomically)."""
     start = time.perf_counter()
@@ -162,7 +162,7 @@ def ensure_named_dataset(
     split: str,
     *,
     data_dir: str | os.PathLike | None = None,
-    num_workers: int = 1,
+    num_workers: int | None = None,
 ) -> Path:
     """Path of the raw file of ``name``/``split``, generating it first if missing.
 

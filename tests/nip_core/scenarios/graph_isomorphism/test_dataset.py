@@ -227,6 +227,25 @@ def test_output_does_not_depend_on_num_workers():
     np.testing.assert_array_equal(reference.adjacency, parallel.adjacency)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("threshold_s, in_processes", [(0.0, True), (1e9, False)])
+def test_auto_workers_move_the_other_cells_to_processes_only_when_worth_it(monkeypatch, threshold_s, in_processes):
+    from nip_core.scenarios.graph_isomorphism import dataset_generation
+
+    config = SMALL.model_copy(update={"num_samples": 40})
+    reference = generate_gi_dataset(config)
+    batches = []
+    real = dataset_generation._sample_cells_in_processes
+    monkeypatch.setattr(dataset_generation, "_sample_cells_in_processes",
+                        lambda jobs, workers: batches.append((len(jobs), workers)) or real(jobs, workers))
+    monkeypatch.setattr(dataset_generation, "AUTO_PARALLEL_MIN_S", threshold_s)
+    monkeypatch.setattr(dataset_generation, "_usable_cores", lambda: 2)
+    auto = generate_gi_dataset(config, num_workers=None)
+    assert batches == ([(len(config.cells) - 1, 2)] if in_processes else [])
+    np.testing.assert_array_equal(reference.adjacency, auto.adjacency)
+    np.testing.assert_array_equal(reference.wl_scores, auto.wl_scores)
+
+
 def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
     def write(config, path):
         pairs = generate_gi_dataset(config)
