@@ -25,8 +25,9 @@ by the automations and put back to Scheduled; a crashed block is dispatched agai
 automations are those of ``deployments/automations.yaml`` with a shorter window, for speed
 only: a run is crashed after WINDOW_S = 50 s without a heartbeat instead of 90 s (flow runs
 send one every 30 s, the least Prefect accepts: a heartbeat may come up to 20 s late, and a
-flow-run process has 50 s from Pending to its first one). Both runs must complete with one fine-tune job per (iteration, group),
-one metrics line per (kind, iteration) and their result card. ``NIPFLOW_CHAOS_SEED``
+flow-run process has 50 s from Pending to its first one). Both runs must complete with one
+fine-tune job per (iteration, group), one metrics line per (kind, iteration) and their
+result card. ``NIPFLOW_CHAOS_SEED``
 picks other moments (the default seed is what CI runs).
 """
 

@@ -75,11 +75,11 @@ def test_close_returns_only_once_the_run_file_is_written_out(tmp_path):
 
 
 def test_a_run_file_being_written_is_read_up_to_its_last_whole_record(tmp_path):
-    from nip_core.logging.wandb_reader import is_complete, iter_raw_records, wait_until_complete
-
     import threading
 
     import wandb
+
+    from nip_core.logging.wandb_reader import is_complete, iter_raw_records, wait_until_complete
 
     run = wandb.init(project="nipflow", dir=str(tmp_path), mode="offline", reinit="create_new",
                      settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
