@@ -74,6 +74,13 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
+def json_record_bytes(obj: Any) -> bytes:
+    """The bytes of a JSON record of the run store (pydantic models as their JSON dump)."""
+    if isinstance(obj, BaseModel):
+        obj = obj.model_dump(mode="json")
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
 class Run:
     """An opened run directory. Obtain one with :meth:`RunStore.open_run`.
 
@@ -111,9 +118,7 @@ class Run:
     # -- JSON ------------------------------------------------------------------------------
 
     def write_json(self, rel: str, obj: Any) -> None:
-        if isinstance(obj, BaseModel):
-            obj = obj.model_dump(mode="json")
-        self.storage.write_bytes(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+        self.storage.write_bytes(rel, json_record_bytes(obj))
 
     def write_once(self, rel: str, data: bytes, what: str = "file") -> bool:
         """Create ``rel`` with ``data``; never replace it. Returns whether this call created it.
@@ -135,7 +140,7 @@ class Run:
 
     def write_json_once(self, rel: str, obj: Any, what: str = "file") -> bool:
         """:meth:`write_once` of ``obj`` as :meth:`write_json` writes it."""
-        return self.write_once(rel, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), what)
+        return self.write_once(rel, json_record_bytes(obj), what)
 
     def read_json(self, rel: str, what: str = "file") -> Any:
         try:

@@ -37,7 +37,7 @@ from typing import Any, Iterable
 from nip_core.errors import NipflowError
 from nip_core.logging.wandb_logger import MIRROR_DIR
 from nip_core.parameters import HyperParameters
-from nip_core.runs.store import METADATA_FILE, PARAMS_FILE, STATE_FILE, RunStore
+from nip_core.runs.store import METADATA_FILE, PARAMS_FILE, STATE_FILE, RunStore, json_record_bytes
 from nip_core.utils.fileio import file_sha256
 
 log = logging.getLogger(__name__)
@@ -343,7 +343,7 @@ def write_restored_run(store: RunStore, run_id: str, files: dict[str, str], sour
               if not (rel.startswith("checkpoints/") and rel.rsplit(".", 1)[0] not in kept)}
     meta = _read_json(files[METADATA_FILE], "run metadata")
     meta["restored_from"] = {"source": source, "at": datetime.now(timezone.utc).isoformat()}
-    meta_bytes = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+    meta_bytes = json_record_bytes(meta)
     order = sorted(rel for rel in wanted if rel not in (PARAMS_FILE, METADATA_FILE)) + [METADATA_FILE, PARAMS_FILE]
 
     if storage.local:

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from nip_core.errors import CorruptCheckpointError
+from nip_core.runs.store import json_record_bytes
 from nip_core.trainers.checkpoint_format import (
     MANIFEST_FORMAT,
     UnsafeCheckpointError,
@@ -224,7 +225,7 @@ def convert_pickled_checkpoint(path: str, *, trust: bool = False) -> str:
     # Data first, manifest last (as the run store writes them): an interruption in between
     # leaves a manifest that does not match, so the checkpoint is refused, never misread.
     storage.write_bytes(data_rel, converted)
-    storage.write_bytes(manifest_rel, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode())
+    storage.write_bytes(manifest_rel, json_record_bytes(manifest))
     log.info("%s: converted to %s (sha256 %s... -> %s...)", source, MANIFEST_FORMAT, old_sha[:12], sha[:12])
     return "converted"
 
