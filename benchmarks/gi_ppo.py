@@ -165,7 +165,7 @@ def build_trainer(tmp: str, *, workload: str = "paper", precision: str = "fp32",
     if data_dir is None:
         datasets = dict(train_dataset=RandomPairs(seed=0), test_dataset=RandomPairs(seed=1))
     scenario = build_graph_isomorphism(hp, settings, **datasets)
-    return VanillaPpoTrainer(hp, settings, scenario_instance=scenario)
+    return VanillaPpoTrainer(hp, settings=settings, scenario_instance=scenario)
 
 
 def measure(args) -> None:

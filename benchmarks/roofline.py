@@ -111,9 +111,10 @@ def profile_update(precision: str, workload: str = "paper") -> tuple[dict[str, d
         active = {name: True for name in trainer.agent_names}
 
         def update():
-            buffer = trainer._get_replay_buffer()
-            buffer.extend(batch.reshape(-1))
-            trainer._train_on_replay_buffer(buffer, active)
+            trainer.replay_buffer = trainer._get_replay_buffer()
+            trainer.replay_buffer.extend(batch.reshape(-1))
+            trainer.active_agents = active
+            trainer._train_on_replay_buffer()
 
         update()  # warm-up
         start = time.perf_counter()

@@ -87,7 +87,8 @@ def train_whole(spec: RunSpec, run_id: str) -> dict[str, Any]:
 
 
 def overrides_train(trainer: Any, kind: str) -> bool:
-    """Whether ``trainer``'s class overrides ``train()`` below the class that drives its kind.
+    """Whether ``trainer``'s class overrides ``train()`` (or, for a TensorDict trainer, nip's
+    ``_train_and_test()``) below the class that drives its kind.
 
     The flows drive a staged trainer through ``run_stage`` and an iteration trainer through
     ``run_iterations``; a ``train()`` defined in a subclass of the class that defines the
@@ -100,7 +101,8 @@ def overrides_train(trainer: Any, kind: str) -> bool:
     def defined_at(name: str) -> int:
         return next((i for i, cls in enumerate(mro) if name in cls.__dict__), len(mro))
 
-    return defined_at("train") < defined_at(driver)
+    overridden = ["train"] + (["_train_and_test"] if kind == "tensordict" else [])
+    return any(defined_at(name) < defined_at(driver) for name in overridden)
 
 
 def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any]:
@@ -112,8 +114,9 @@ def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any
     kind = trainer_kind(trainer)
     if kind != "plain" and overrides_train(trainer, kind):
         get_run_logger().warning(
-            "%s overrides train(): it runs as one task, without per-stage results, RL blocks or fine-tune "
-            "suspension (override the stage or iteration hooks instead to keep them)", type(trainer).__name__)
+            "%s overrides train() (or _train_and_test()): it runs as one task, without per-stage results, "
+            "RL blocks or fine-tune suspension (override the stage or iteration hooks instead to keep them)",
+            type(trainer).__name__)
         kind = "plain"
     get_run_logger().info("run %s (%s, %s trainer): run store %s", trainer.run.run_id,
                           trainer.hyper_params.trainer, kind, trainer.run.location)

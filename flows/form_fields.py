@@ -35,7 +35,7 @@ WaitMode = Literal["auto", "poll", "suspend"]
 
 #: scenario names (those ``HyperParameters.scenario`` accepts)
 SCENARIO_NAMES: tuple[str, ...] = tuple(get_args(ScenarioType))
-#: registered trainers (importing the registry's catalogue registers the built-ins)
+#: registered trainers (the built-ins as nip_core/trainers/built_ins.py states them, and any imported)
 TRAINER_NAMES: tuple[str, ...] = tuple(registered_trainer_names())
 #: registered interaction protocols (any scenario)
 PROTOCOL_NAMES: tuple[str, ...] = tuple(sorted({name for name, _ in PROTOCOL_HANDLER_REGISTRY}))

@@ -21,9 +21,12 @@ Two modes, both deterministic for a given run, file and device:
     run's own test data this reproduces the run's test statistics exactly. ``n`` is the
     number of finished episodes (pairs may repeat or be left out).
 
-``solo_agent`` runs: the solo agents' accuracy on every pair (``"pairs"``), or on the
-trainer's own held-out split of the file (``"test_loop"``); ``test_accuracy`` is the
-verifier's.
+For RL runs ``test_accuracy`` is the fraction of episodes the verifier ended with a
+correct decision (``test_mean_decided_accuracy``: a time-out is wrong); the test loop's
+``test_mean_accuracy`` is nip's, which scores a timed-out episode by the decision sampled at
+its last step (docs/behaviour.md#b15). ``solo_agent`` runs: the solo agents' accuracy on
+every pair (``"pairs"``), or on the trainer's own held-out split of the file
+(``"test_loop"``); ``test_accuracy`` is the verifier's.
 """
 
 from __future__ import annotations
@@ -199,7 +202,7 @@ def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | N
     state, _ = load_run_checkpoint(run, name, map_location=device_name)  # never unpickles the file
     scenario = build_graph_isomorphism(hp, settings, trainer_type=cls.trainer_type, train_dataset=dataset,
                                        test_dataset=dataset)
-    trainer = cls(hp, settings, run=None, scenario_instance=scenario)
+    trainer = cls(hp, scenario, settings, run=None)
     source = run_checkpoint_source(run, name)
     try:
         load_agents_state(trainer.agents, state["agents"], source=source)
@@ -243,10 +246,10 @@ def _evaluate_rl(trainer, state, dataset, mode: str):
     if mode == "test_loop":
         trainer.set_rng_states(state["rng"])
         stats = trainer.test()
-        if "test_mean_accuracy" not in stats:
+        if "test_mean_decided_accuracy" not in stats:
             raise EvaluationError(f"no test episode finished in {trainer.hyper_params.rl.num_test_iterations} "
                                   f"test iteration(s) of {trainer.steps_per_env} steps; use mode 'pairs'")
-        return stats, int(stats["test_num_episodes"]), float(stats["test_mean_accuracy"]), {}
+        return stats, int(stats["test_num_episodes"]), float(stats["test_mean_decided_accuracy"]), {}
 
     hp = trainer.hyper_params
     set_global_seed(hp.seed)
@@ -287,7 +290,7 @@ def _evaluate_rl(trainer, state, dataset, mode: str):
     for score in sorted(set(scores.tolist())):
         selected = scores == score
         by_score[str(score)] = [int(correct[selected].sum()) / int(selected.sum()), int(selected.sum())]
-    accuracy = float(stats["test_mean_accuracy"])
+    accuracy = float(stats["test_mean_decided_accuracy"])
     if not math.isclose(accuracy, int(correct.sum()) / len(dataset), abs_tol=1e-9):
         raise EvaluationError("internal error: per-pair accuracy disagrees with the test statistics")
     return stats, int(stats["test_num_episodes"]), accuracy, {"accuracy_by_wl_score": by_score}

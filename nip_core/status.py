@@ -9,7 +9,10 @@ from nip_core.errors import CheckpointNotFoundError, CorruptCheckpointError
 from nip_core.runs import RunStore
 
 _HEADLINE_KEYS = ("verifier.mean_episode_reward", "mean_accuracy", "test_mean_accuracy",
+                  "mean_decided_accuracy", "test_mean_decided_accuracy",
                   "mean_episode_length", "prover.mean_episode_reward")
+# accuracies shown besides (the solo trainer's, per class): not the spreads and per-datapoint ones
+_NOT_HEADLINE = ("std_", "worst_", "datapoint")
 
 
 def run_status(store: RunStore, run_id: str) -> dict[str, Any]:
@@ -83,7 +86,8 @@ def format_status(info: dict[str, Any]) -> str:
                      f"status {job.get('last_status')} model {job.get('fine_tuned_model_name')}")
     for title, row in (("metrics", info.get("last_metrics")), ("test", info.get("last_test_metrics"))):
         if row:
-            shown = {k: row[k] for k in row if k in _HEADLINE_KEYS or k.endswith("accuracy")}
+            shown = {k: row[k] for k in row if k in _HEADLINE_KEYS or (
+                k.endswith("accuracy") and not any(part in k for part in _NOT_HEADLINE))}
             text = "  ".join(f"{k}={_fmt(v)}" for k, v in sorted(shown.items())[:8])
             lines.append(f"{title:<10} it {row.get('iteration')}: {text}")
     if info.get("checkpoints"):

@@ -10,8 +10,12 @@ unset PREFECT_API_URL OPENAI_BASE_URL OPENAI_API_KEY
 # Debian's Chromium for the browser tests; if it cannot be installed the suite still runs
 # and tests/e2e/test_browser_ui.py fails (never skips) naming what is missing.
 ./scripts/ensure_browser.sh || echo "warning: scripts/ensure_browser.sh failed: the browser tests will fail" >&2
+# One xdist worker per usable core (NIPFLOW_TEST_WORKERS=N for another count, 0 for one
+# process): most of an end-to-end test's wall time is spent waiting on servers and workers.
+# GNU nproc reports OMP_NUM_THREADS when it is set: count the cores without it.
+workers="${NIPFLOW_TEST_WORKERS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 set +e
-.venv/bin/python -m pytest -q --timeout=900 --durations=40 "$@"
+.venv/bin/python -m pytest -q --timeout=900 --durations=40 -n "$workers" --dist worksteal "$@"
 rc=$?
 set -e
 # pytest's exit code 5 means no test was collected: that is a failure here.

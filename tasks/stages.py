@@ -73,12 +73,6 @@ def _make_stage_task(stage: Stage) -> Task:
 
 
 STAGE_TASKS: dict[Stage, Task] = {stage: _make_stage_task(stage) for stage in STAGES}
-sample_rollouts = STAGE_TASKS["sample_rollouts"]
-log_stats = STAGE_TASKS["log_stats"]
-test_during_training = STAGE_TASKS["test_during_training"]
-create_fine_tune_jobs = STAGE_TASKS["create_fine_tune_jobs"]
-await_fine_tune_jobs = STAGE_TASKS["await_fine_tune_jobs"]
-test = STAGE_TASKS["test"]
 
 
 def _stage_key(stage: str):

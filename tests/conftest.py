@@ -64,3 +64,25 @@ def one_thread():
     yield
     torch.set_num_threads(previous)
 
+
+def pytest_collection_modifyitems(items):
+    """The order the parallel suite runs in: the ``long`` tests first, longest first, then the
+    end-to-end tests, then the other slow ones, then the rest (file order within each group),
+    dealt round-robin to the xdist workers.
+
+    ``scripts/run_tests.sh`` runs the suite on every core with xdist's work stealing: each
+    worker starts with a contiguous share of this order, and an idle one takes over the
+    tail of a busy one's queue. Dealing the order round-robin into those shares gives every
+    worker its part of the long tests at its start, so that none is left to run last; the
+    short tests at the tails fill the gaps. Every worker computes the same order.
+    """
+    def weight(item):
+        long = item.get_closest_marker("long")
+        if long is not None:
+            return (0, -float(long.args[0]))
+        return (1 if item.get_closest_marker("e2e") else 2 if item.get_closest_marker("slow") else 3, 0.0)
+
+    items.sort(key=weight)  # stable: file order within each group
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        items[:] = [item for share in range(workers) for item in items[share::workers]]

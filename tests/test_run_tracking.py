@@ -89,5 +89,5 @@ def test_killed_run_resumes_with_one_wandb_run_and_no_duplicates(tmp_path):
         assert (tmp_path / "report" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = (tmp_path / "report" / "summary.md").read_text()
     last = [r for r in rows if r["kind"] == "train"][-1]
-    assert f"| verifier train accuracy | {last['mean_accuracy']:.4f} |" in text
+    assert f"| verifier train accuracy | {last['mean_decided_accuracy']:.4f} |" in text
     assert f"| verifier mean episode reward | {last['verifier.mean_episode_reward']:.4f} |" in text

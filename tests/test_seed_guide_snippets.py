@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from nip_core.trainers.progress import IterationContext
-from nip_core.trainers.tensordict_rl import TensorDictRlTrainer, TensorDictTrainer
+from nip_core.trainers.tensordict_base import TensorDictTrainer
+from nip_core.trainers.tensordict_rl import TensorDictRlTrainer
 from tests.nip_core.trainers.gi_helpers import params_of, settings_for, tiny_params, tiny_scenario
 
 # --- the snippets, verbatim but for import paths ---------------------------------------
@@ -119,7 +120,7 @@ def test_gae_snippet_builds_the_value_estimator_the_trainer_trains_with(tmp_path
 
     hp = tiny_params(rl={"num_iterations": 1, "num_test_iterations": 0})
     settings = settings_for(tmp_path)
-    trainer = GuideGaeTrainer(hp, settings, scenario_instance=tiny_scenario(hp, settings))
+    trainer = GuideGaeTrainer(hp, settings=settings, scenario_instance=tiny_scenario(hp, settings))
     assert isinstance(trainer.value_estimator, GAE)
     assert trainer.value_estimator is trainer.loss_module.value_estimator
     assert float(trainer.value_estimator.gamma) == pytest.approx(hp.rl.gamma)
@@ -151,7 +152,7 @@ def test_progress_bar_snippet_counts_and_describes_both_loops(tmp_path):
 
     hp = tiny_params(rl={"num_iterations": 7, "num_test_iterations": 3})
     settings = settings_for(tmp_path)
-    trainer = Concrete(hp, settings, scenario_instance=tiny_scenario(hp, settings))
+    trainer = Concrete(hp, settings=settings, scenario_instance=tiny_scenario(hp, settings))
     assert trainer.get_total_num_iterations() == 10
     made: list[IterationContext] = []
     make = trainer.make_iteration_context
@@ -172,7 +173,7 @@ def test_exit_stack_snippet_runs_both_loops_in_their_contexts(tmp_path):
     my_trainer = run_snippet(SNIPPET_EXIT_STACK, TensorDictTrainer=guide_progress_trainer())["MyTrainer"]
     hp = tiny_params(rl={"num_iterations": 2, "num_test_iterations": 1})
     settings = settings_for(tmp_path)
-    trainer = my_trainer(hp, settings, scenario_instance=tiny_scenario(hp, settings))
+    trainer = my_trainer(hp, settings=settings, scenario_instance=tiny_scenario(hp, settings))
     seen: list[tuple[str, bool]] = []
     train_loop, test_loop = trainer._run_train_loop, trainer._run_test_loop
     trainer._run_train_loop = lambda: (seen.append(("train", trainer.agents.training)), train_loop())

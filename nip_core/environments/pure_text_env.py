@@ -42,10 +42,14 @@ class PureTextEnvironment:
     ----------
     protocol_handler
         The interaction protocol (agent names, channels, step rule).
+    dataset
+        The datapoints this environment's episodes are drawn from (``environment.dataset``,
+        as in nip): the trainer's ``_sample_rollouts`` samples from it.
     """
 
-    def __init__(self, protocol_handler: Any):
+    def __init__(self, protocol_handler: Any, dataset: Any = None):
         self.protocol_handler = protocol_handler
+        self.dataset = dataset
         self.max_rounds = int(protocol_handler.max_message_rounds)
         self.agent_names = list(protocol_handler.agent_names)
         self.channel_names = list(protocol_handler.message_channel_names)

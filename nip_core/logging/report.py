@@ -2,9 +2,11 @@
 
 Works on any run (graph isomorphism or code validation) because it only reads the run
 store: per-agent reward curves (``<agent>.mean_episode_reward``), verifier accuracy on
-train and test (``mean_accuracy`` / ``test_mean_accuracy``), decision rate and episode
-length. Several run ids make a sweep report: a table and a bar chart of the final
-verifier accuracy per run (labelled by protocol).
+train and test (nip's ``mean_accuracy`` / ``test_mean_accuracy`` and, where logged, the
+accuracy with time-outs wrong, ``mean_decided_accuracy``: the final numbers are that one, as
+on the result card; docs/behaviour.md#b15), decision rate and episode length. Several run
+ids make a sweep report: a table and a bar chart of the final verifier accuracy per run
+(labelled by protocol).
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ def final_value(rows: list[dict[str, Any]], key: str) -> float | None:
     return ys[-1] if ys else None
 
 
+def _first_final(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> float | None:
+    """The final value of the first of ``keys`` that ``rows`` have."""
+    for key in keys:
+        value = final_value(rows, key)
+        if value is not None:
+            return value
+    return None
+
+
 def summarise_run(store: RunStore, run_id: str) -> dict[str, Any]:
     return summarise(store.open_run(run_id))
 
@@ -54,8 +65,9 @@ def summarise(run) -> dict[str, Any]:
         "trainer": run.params.trainer,
         "scenario": run.params.scenario,
         "iterations_logged": len(train),
-        "final_train_accuracy": final_value(train, "mean_accuracy"),
-        "final_test_accuracy": final_value(test, "test_mean_accuracy") or final_value(test, "mean_accuracy"),
+        "final_train_accuracy": _first_final(train, ("mean_decided_accuracy", "mean_accuracy")),
+        "final_test_accuracy": _first_final(test, ("test_mean_decided_accuracy", "test_mean_accuracy",
+                                                   "mean_accuracy")),
         "final_reward": {a: final_value(train, f"{a}.mean_episode_reward") for a in agents},
         "final_episode_length": final_value(train, "mean_episode_length"),
     }
@@ -95,6 +107,10 @@ def write_run_report(store: RunStore, run_id: str, out_dir: Path) -> Path:
     acc_curves = [("train", *_series(train, "mean_accuracy"))]
     if test:
         acc_curves.append(("test", *_series(test, "test_mean_accuracy")))
+    for label, rows, key in (("train, time-outs wrong", train, "mean_decided_accuracy"),
+                             ("test, time-outs wrong", test, "test_mean_decided_accuracy")):
+        if _series(rows, key)[0]:
+            acc_curves.append((label, *_series(rows, key)))
     _plot(out_dir / "accuracy.png", f"{run_id}: verifier accuracy", acc_curves, "accuracy")
     for name, keys in OTHER_CURVES.items():
         curves = [(k, *_series(train, k)) for k in keys if _series(train, k)[0]]

@@ -325,8 +325,10 @@ def result_card(run: Any, *, status: str | None = None, message: str | None = No
     rows = run.read_metrics()
     train = [r for r in rows if r.get("kind", "train") == "train"]
     test = [r for r in rows if r.get("kind") == "test"]
-    train_acc, train_it = _last_value(train, ("mean_accuracy", "verifier.train_accuracy"))
-    test_acc, test_it = _last_value(test, ("test_mean_accuracy", "verifier.test_accuracy", "mean_accuracy"))
+    # time-outs wrong where the run logged it (docs/behaviour.md#b15), else nip's accuracy
+    train_acc, train_it = _last_value(train, ("mean_decided_accuracy", "mean_accuracy", "verifier.train_accuracy"))
+    test_acc, test_it = _last_value(test, ("test_mean_decided_accuracy", "test_mean_accuracy",
+                                           "verifier.test_accuracy", "mean_accuracy"))
     text_run = params.trainer.startswith("pure_text")
     jobs = _fine_tune_jobs(run) if text_run else []
     runs_dir = _runs_dir_of(run)

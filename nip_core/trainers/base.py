@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from nip_core.errors import CheckpointNotFoundError
 from nip_core.parameters import HyperParameters
 from nip_core.runs import NullRun, Run
+from nip_core.runs.store import package_version
 from nip_core.settings import ExperimentSettings
 from nip_core.trainers.hooks import TrainerHooks
 from nip_core.trainers.progress import IterationContext, progress_enabled, total_iterations
@@ -71,9 +72,12 @@ class Trainer(ABC):
     # The parameters model the registry looks a ``critic_switch`` path up in.
     hyper_params_model: ClassVar[type[HyperParameters]] = HyperParameters
 
-    def __init__(self, hyper_params: HyperParameters, settings: ExperimentSettings | None = None,
-                 run: Run | None = None, hooks: TrainerHooks | None = None, stat_logger=None):
+    def __init__(self, hyper_params: HyperParameters, scenario_instance: Any = None,
+                 settings: ExperimentSettings | None = None, *, run: Run | None = None,
+                 hooks: TrainerHooks | None = None, stat_logger=None):
+        refuse_settings_as_scenario(type(self), scenario_instance)
         self.hyper_params = hyper_params
+        self.scenario_instance = scenario_instance
         self.settings = settings or ExperimentSettings()
         persist = run is not None and not self.settings.test_run
         self.run: Run | NullRun = run if persist else NullRun(getattr(run, "run_id", None) or self.settings.run_id,
@@ -112,8 +116,11 @@ class Trainer(ABC):
 
     # -- progress ----------------------------------------------------------------------------
 
-    def make_iteration_context(self, total: int, description: str, initial: int = 0) -> IterationContext:
-        return IterationContext(total, description, enabled=progress_enabled(self.settings.show_progress),
+    def make_iteration_context(self, total: int, description: str, initial: int = 0,
+                               show_bar: bool = True) -> IterationContext:
+        """A progress context: a bar where ``show_bar`` and the settings allow, progress hooks always."""
+        return IterationContext(total, description,
+                                enabled=show_bar and progress_enabled(self.settings.show_progress),
                                 on_step=self.hooks.on_progress, initial=initial)
 
     def get_total_num_iterations(self) -> int:
@@ -153,6 +160,28 @@ class Trainer(ABC):
         if iteration is not None and kind == "train":
             self.hooks.on_iteration_end(iteration, stats)
 
+    # -- what nip's trainers also offer ------------------------------------------------------
+
+    @property
+    def scenario(self) -> Any:
+        """The scenario instance (``scenario_instance``, nip's name; this shorter one is nipflow's)."""
+        return self.scenario_instance
+
+    @property
+    def max_message_rounds(self) -> int:
+        """The most message rounds the protocol allows."""
+        return int(self.protocol_handler.max_message_rounds)
+
+    @property
+    def num_agents(self) -> int:
+        """How many agents the scenario has."""
+        return len(self.agent_names)
+
+    def _get_metadata(self) -> dict[str, Any]:
+        """What the checkpoints record about the code that wrote them (``package_version``,
+        ``package_name``, ``git_sha`` of a git checkout, else None); override to add."""
+        return code_metadata()
+
     # -- main entry --------------------------------------------------------------------------
 
     @abstractmethod
@@ -162,3 +191,28 @@ class Trainer(ABC):
     def close(self) -> None:
         self.stat_logger.close()
 
+
+def refuse_settings_as_scenario(cls: type, scenario_instance: Any) -> None:
+    """Raise ``TypeError`` for the constructor order nipflow used before nip's (settings second)."""
+    if isinstance(scenario_instance, ExperimentSettings):
+        raise TypeError(f"{cls.__name__}(hyper_params, scenario_instance, settings): the second argument is the "
+                        f"scenario instance, as in nip (got the settings; pass settings=... or as the third)")
+
+
+_GIT_SHA: list[str | None] = []
+
+
+def code_metadata() -> dict[str, Any]:
+    """``package_name``, ``package_version`` and the ``git_sha`` of the checkout nipflow runs
+    from (None when it is not a git checkout); the sha is looked up once per process."""
+    if not _GIT_SHA:
+        import subprocess
+        from pathlib import Path
+
+        try:
+            out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                                 capture_output=True, text=True, timeout=10)
+            _GIT_SHA.append(out.stdout.strip() if out.returncode == 0 else None)
+        except (OSError, subprocess.SubprocessError):
+            _GIT_SHA.append(None)
+    return {"package_name": "nipflow", "package_version": package_version(), "git_sha": _GIT_SHA[0]}

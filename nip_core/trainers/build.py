@@ -68,4 +68,4 @@ def build_trainer(hyper_params: HyperParameters, settings: ExperimentSettings | 
     if run is None and open_run and settings.run_id and not settings.test_run:
         run = RunStore(settings.runs_dir).open_run(settings.run_id, hyper_params,
                                                    on_params_mismatch=settings.on_params_mismatch)
-    return cls(hyper_params, settings, run=run, hooks=hooks)
+    return cls(hyper_params, settings=settings, run=run, hooks=hooks)

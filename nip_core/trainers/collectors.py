@@ -91,6 +91,53 @@ class InProcessCollector:
         pass
 
 
+class TorchRLCollector:
+    """A TorchRL collector (e.g. ``torchrl.collectors.Collector``, nip's ``SyncDataCollector``)
+    returned by a trainer's ``_get_data_collectors``, driven through this module's interface.
+
+    Each :meth:`collect` is the collector's next batch; the collector carries its own
+    episodes across batches, so the trainer's carried-over episode state is passed through
+    untouched. Its environment state is not in nipflow's checkpoints: a run resumed from a
+    checkpoint starts fresh episodes (the batches differ from an uninterrupted run's), as
+    in nip. A collector that stops (``total_frames`` reached) ends training with an error.
+    """
+
+    def __init__(self, collector):
+        self.collector = collector
+        self._batches = iter(collector)
+
+    def reset(self) -> TensorDictBase:
+        from tensordict import TensorDict
+
+        return TensorDict({}, batch_size=[])  # the collector carries its own episodes
+
+    def collect(self, td):
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            raise RuntimeError("the TorchRL collector of _get_data_collectors stopped: set its total_frames "
+                               "to -1 (or to at least the frames of every iteration)") from None
+        return batch, td
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is not None:
+            raise ValueError("the checkpoint was collected with rl.collection_shards shards; the trainer's "
+                             "_get_data_collectors now returns a TorchRL collector, which cannot continue it")
+
+    def shutdown(self) -> None:
+        self.collector.shutdown()
+
+
+def as_collector(collector):
+    """``collector``, or a TorchRL collector wrapped in :class:`TorchRLCollector`."""
+    from torchrl.collectors import BaseCollector
+
+    return TorchRLCollector(collector) if isinstance(collector, BaseCollector) else collector
+
+
 def make_collector(env, policy, steps: int, *, num_shards: int = 1, num_workers: int = 0, seed: int = 0,
                    device: str = "cpu", precision: str = "fp32", attention_backends=None):
     """An :class:`InProcessCollector` (one shard, no workers) or a :class:`ShardedCollector`.

@@ -30,3 +30,81 @@ def build_optimizer(param_groups: list[dict[str, Any]], rl: Any) -> torch.optim.
     if name == "adagrad":
         return torch.optim.Adagrad(param_groups, eps=rl.optimizer_eps, weight_decay=rl.weight_decay)
     raise ValueError(f"rl.optimizer: unknown optimiser '{name}'")
+
+
+class ParamGroupFreezer:
+    """Freezes named collections of an optimiser's parameter groups (nip's interface).
+
+    ``param_group_collections`` names lists of the optimiser's parameter groups — one
+    collection per agent. :meth:`freeze` and :meth:`unfreeze` may be called at any point;
+    the parameters of a frozen collection get no update. nip removes a frozen collection's
+    groups from the optimiser; here they stay (the optimiser's state and the checkpoint
+    layout never change with an update schedule) and :meth:`frozen_params` lists the
+    parameters whose gradients the trainer drops before each optimiser step.
+
+    Raises
+    ------
+    ValueError
+        If a group of a collection is not one of the optimiser's (names the collection).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer | None, param_group_collections: dict[str, list[dict]]):
+        self.optimizer = optimizer
+        self.param_group_collections = dict(param_group_collections)
+        self.frozen: set[str] = set()
+        own = [id(g) for g in optimizer.param_groups] if optimizer is not None else []
+        for name, groups in self.param_group_collections.items():
+            for index, group in enumerate(groups):
+                if id(group) not in own:
+                    raise ValueError(f"ParamGroupFreezer: parameter group {index} of {name!r} is not one of "
+                                     f"the optimiser's parameter groups")
+
+    def freeze(self, collection_name: str) -> None:
+        """Give the parameters of ``collection_name`` no updates until :meth:`unfreeze`."""
+        self.param_group_collections[collection_name]  # KeyError names an unknown collection
+        self.frozen.add(collection_name)
+
+    def unfreeze(self, collection_name: str) -> None:
+        """Update the parameters of ``collection_name`` again."""
+        self.param_group_collections[collection_name]
+        self.frozen.discard(collection_name)
+
+    def frozen_params(self) -> list[torch.nn.Parameter]:
+        """The parameters of the frozen collections."""
+        return [p for name in sorted(self.frozen) for group in self.param_group_collections[name]
+                for p in group["params"]]
+
+
+def backward_losses(loss_module: Any, losses: Any) -> None:
+    """``loss_module.backward(losses)``; without one, backpropagate the sum of the ``loss_*`` terms.
+
+    Raises
+    ------
+    KeyError
+        If the losses hold no differentiable ``loss_*`` entry (names the keys).
+    """
+    backward = getattr(loss_module, "backward", None)
+    if callable(backward):
+        backward(losses)
+        return
+    terms = [value.sum() for key, value in losses.items(include_nested=True, leaves_only=True)
+             if (key[-1] if isinstance(key, tuple) else key).startswith("loss_") and value.requires_grad]
+    if not terms:
+        raise KeyError(f"{type(loss_module).__name__}: the losses hold no differentiable loss_* entry "
+                       f"(keys: {list(losses.keys(include_nested=True, leaves_only=True))})")
+    torch.stack(terms).sum().backward()
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, all_params: list, frozen_params: list, accumulated: int,
+                   max_grad_norm: float) -> None:
+    """One step on the mean gradient of ``accumulated`` minibatches: the frozen parameters'
+    gradients dropped (the optimiser skips parameters without one), clipped to ``max_grad_norm``."""
+    for p in frozen_params:
+        p.grad = None
+    if accumulated > 1:
+        for p in all_params:
+            if p.grad is not None:
+                p.grad.div_(accumulated)
+    torch.nn.utils.clip_grad_norm_(all_params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

@@ -16,17 +16,19 @@ Subclasses say how an iteration's jobs are created: override
 :meth:`PureTextRlTrainer._stage_create_fine_tune_jobs`, or define
 :meth:`PureTextRlTrainer.agent_fine_tune_examples` and keep the default, which makes one
 job per shared model group from the group members' examples. They may also override
-:meth:`sample_train_rollouts` (MALT samples trees) and :meth:`extra_train_stats`.
+nip's :meth:`_sample_rollouts` (training and test rollouts; MALT samples trees in
+training) and :meth:`_get_log_stats` (the statistics of both; call the superclass and add).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from nip_core.agents.pure_text import PureTextSharedModelGroupState
 from nip_core.environments.nested_array_dict import NestedArrayDict
+from nip_core.parameters import ParameterError
 from nip_core.scenarios.registry import build_scenario_instance
 from nip_core.trainers.base import Trainer, TrainerState
 from nip_core.trainers.fine_tune_waiter import FineTuneJobsPending, FineTuneWaiter, FineTuneWaitTimeout
@@ -71,13 +73,20 @@ class PureTextRlTrainer(Trainer):
     needs_critic = False
     fine_tune_method: str = "supervised"  # or "dpo": which kind of job the default hook creates
 
-    def __init__(self, hyper_params, settings=None, run=None, hooks=None, stat_logger=None, scenario=None):
+    def __init__(self, hyper_params, scenario_instance=None, settings=None, *, run=None, hooks=None,
+                 stat_logger=None):
         own = type(self)
         if (own._stage_create_fine_tune_jobs is PureTextRlTrainer._stage_create_fine_tune_jobs
                 and own.agent_fine_tune_examples is PureTextRlTrainer.agent_fine_tune_examples):
             raise TypeError(f"{own.__name__} must define _stage_create_fine_tune_jobs or agent_fine_tune_examples")
-        super().__init__(hyper_params, settings, run=run, hooks=hooks, stat_logger=stat_logger)
-        self.scenario = scenario or build_scenario_instance(hyper_params, self.settings)
+        if settings is not None and settings.num_rollout_workers:  # refused before anything is opened
+            raise ParameterError([("settings.num_rollout_workers",
+                                   f"pure-text trainers sample through the API, not in worker processes (got "
+                                   f"{settings.num_rollout_workers}); settings.max_concurrent_requests sets "
+                                   f"how many requests run at once")])
+        super().__init__(hyper_params, scenario_instance, settings, run=run, hooks=hooks, stat_logger=stat_logger)
+        if self.scenario_instance is None:
+            self.scenario_instance = build_scenario_instance(hyper_params, self.settings)
         self.protocol_handler = self.scenario.protocol_handler
         self.groups = self.scenario.shared_model_groups
         self.agent_names = list(self.protocol_handler.agent_names)
@@ -89,6 +98,8 @@ class PureTextRlTrainer(Trainer):
         base = hyper_params.base_run
         self.rerun_tests = base.base_run_type == "rerun_tests"
         self.base_run = BaseRunReplay.open(self.settings.runs_dir, base.run_id) if self.rerun_tests else None
+        # The iteration whose models the test loop tests (its rollouts' seeds depend on it).
+        self._tested_iteration: int | None = None
 
     # -- state -------------------------------------------------------------------------------
 
@@ -200,29 +211,48 @@ class PureTextRlTrainer(Trainer):
 
     # -- sampling and testing ------------------------------------------------------------------
 
-    def _sample(self, dataset: Any, env: Any, count: int, start: int, tag: str) -> tuple[list[NestedArrayDict], int]:
-        indices = datapoint_indices(self.hyper_params.seed, len(dataset), start, count)
-        seeds = [stable_seed(self.hyper_params.seed, tag, k, modulus=2**16) for k in range(count)]
-        actor = TextActor(env, self.scenario.whole_agents(), self.hyper_params.interaction_protocol, self.hyper_params)
-        ctx = self.make_iteration_context(count, f"{tag}: sampling rollouts")
-        with ctx:
-            rollouts = sample_rollouts(env, actor, dataset, indices, seeds, self.settings.max_concurrent_requests,
-                                       on_done=ctx.step)
-        return rollouts, actor.tokens
+    def _sample_rollouts(self, environment: Any, iteration: int | Literal["test"], use_tqdm: bool = False,
+                         tqdm_desc: str = "Sampling rollouts") -> list[NestedArrayDict]:
+        """Sample rollouts in ``environment``: training iteration ``iteration``'s, or ``"test"``'s.
 
-    def sample_train_rollouts(self, iteration: int) -> tuple[list[NestedArrayDict], int]:
-        """The training rollouts of ``iteration`` and the tokens spent (MALT samples trees instead)."""
-        n = self.rollouts_per_iteration
-        return self._sample(self.scenario.train_dataset, self.scenario.train_environment, n, n * iteration,
-                            f"train-{iteration}")
+        nip's hook, used by the ``sample_rollouts`` stage (``environment`` is
+        ``scenario_instance.train_environment``) *and* by the test loop (the test
+        environment, ``iteration="test"``), so an override changes both. Training samples
+        ``rl.rollouts_per_iteration`` datapoints, those after the previous iterations'; the
+        test loop ``rl.num_test_iterations`` times that many (or the whole test set with
+        ``text_rl.test_on_whole_dataset``) from the start. The tokens spent are added to the
+        state. nipflow returns one :class:`NestedArrayDict` per rollout (nip: one batch).
+        ``use_tqdm`` shows a progress bar (where ``settings.show_progress`` allows bars).
+        """
+        n, hp = self.rollouts_per_iteration, self.hyper_params
+        if iteration == "test":
+            count = len(environment.dataset) if hp.text_rl.test_on_whole_dataset else n
+            tested = self.state.iteration if self._tested_iteration is None else self._tested_iteration
+            count, start, tag = count * hp.rl.num_test_iterations, 0, f"test_{tested}"
+        else:
+            count, start, tag = n, n * iteration, f"train-{iteration}"
+        indices = datapoint_indices(hp.seed, len(environment.dataset), start, count)
+        seeds = [stable_seed(hp.seed, tag, k, modulus=2**16) for k in range(count)]
+        actor = TextActor(environment, self.scenario.whole_agents(), hp.interaction_protocol, hp)
+        with self.make_iteration_context(count, f"{tag}: {tqdm_desc[:1].lower()}{tqdm_desc[1:]}",
+                                         show_bar=use_tqdm) as ctx:
+            rollouts = sample_rollouts(environment, actor, environment.dataset, indices, seeds,
+                                       self.settings.max_concurrent_requests, on_done=ctx.step)
+        self.state.tokens_used += actor.tokens
+        return rollouts
 
     def load_rollouts(self, name: str) -> list[NestedArrayDict]:
         """The stored rollouts ``name`` (``"3"``: training rollouts of iteration 3; ``"test_3"``)."""
         return self.records.load_rollouts(name)
 
-    def extra_train_stats(self, rollouts: list[NestedArrayDict]) -> dict[str, float]:
-        """Trainer-specific statistics of an iteration's training rollouts (MALT: tree stats)."""
-        return {}
+    def _get_log_stats(self, rollouts: list[NestedArrayDict], *, train: bool = True) -> dict[str, float]:
+        """The statistics of ``rollouts`` to log (nip's hook; test statistics ``test_``-prefixed).
+
+        Called by the ``log_stats`` stage on an iteration's training rollouts and by the test
+        loop (``train=False``) on its rollouts. An override should call this one and add to
+        the dictionary (MALT adds its tree statistics to the training ones).
+        """
+        return rollout_stats(rollouts, self.agent_names, self.verifier_index, prefix="" if train else "test_")
 
     def should_test(self, iteration: int) -> bool:
         """Whether ``text_rl.test_scheme`` asks for the test loop on the models of ``iteration``."""
@@ -233,19 +263,18 @@ class PureTextRlTrainer(Trainer):
     def run_test_loop_at(self, iteration: int) -> dict[str, float]:
         """Test the current models (those of ``iteration``), log and return the statistics.
 
-        The rollouts are saved as ``test_{iteration}`` (reused when they exist).
+        The rollouts (:meth:`_sample_rollouts` with ``"test"``) are saved as
+        ``test_{iteration}`` (reused when they exist).
         """
-        ds = self.scenario.test_dataset
-        reps = self.hyper_params.rl.num_test_iterations
-        count = len(ds) * reps if self.hyper_params.text_rl.test_on_whole_dataset else self.rollouts_per_iteration * reps
         name = f"test_{iteration}"
         if self.records.has_rollouts(name):
             rollouts = self.records.load_rollouts(name)
         else:
-            rollouts, tokens = self._sample(ds, self.scenario.test_environment, count, 0, name)
-            self.state.tokens_used += tokens
+            self._tested_iteration = iteration
+            rollouts = self._sample_rollouts(self.scenario.test_environment, "test", use_tqdm=True,
+                                             tqdm_desc="Sampling test rollouts")
             self.records.save_rollouts(name, rollouts)
-        stats = rollout_stats(rollouts, self.agent_names, self.verifier_index, prefix="test_")
+        stats = self._get_log_stats(rollouts, train=False)
         self.log_stats(stats, iteration, kind="test")
         return stats
 

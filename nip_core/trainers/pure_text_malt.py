@@ -317,29 +317,36 @@ class PureTextMaltTrainer(PureTextRlTrainer):
     def reward_thresholds(self) -> np.ndarray:
         return np.array([self.protocol_handler.reward_mid_point_estimate(a) for a in self.agent_names])
 
-    def sample_train_rollouts(self, iteration: int) -> tuple[list[NestedArrayDict], int]:
-        """One response tree per datapoint of the iteration (same datapoints/seeds as EI)."""
+    def _sample_rollouts(self, environment, iteration, use_tqdm: bool = False,
+                         tqdm_desc: str = "Sampling response trees") -> list[NestedArrayDict]:
+        """In training one response tree per datapoint of the iteration (same datapoints and
+        seeds as EI); the test loop samples single episodes as the base class does."""
+        if iteration == "test":
+            return super()._sample_rollouts(environment, iteration, use_tqdm, "Sampling test rollouts")
         hp = self.hyper_params
         n = self.rollouts_per_iteration
-        dataset, env = self.scenario.train_dataset, self.scenario.train_environment
-        tag = f"train-{iteration}"
+        dataset, tag = environment.dataset, f"train-{iteration}"
         indices = datapoint_indices(hp.seed, len(dataset), n * iteration, n)
         seeds = [stable_seed(hp.seed, tag, j, modulus=2**16) for j in range(n)]
-        roots = [env.reset(dataset[d], s, datapoint_id=d) for d, s in zip(indices, seeds)]
-        with self.make_iteration_context(env.max_rounds, f"{tag}: sampling response trees") as ctx:
+        roots = [environment.reset(dataset[d], s, datapoint_id=d) for d, s in zip(indices, seeds)]
+        with self.make_iteration_context(environment.max_rounds, f"{tag}: sampling response trees",
+                                         show_bar=use_tqdm) as ctx:
             rollouts, tokens = sample_response_trees(
-                env, self.scenario.whole_agents(), hp.interaction_protocol, hp, roots,
+                environment, self.scenario.whole_agents(), hp.interaction_protocol, hp, roots,
                 hp.pure_text_malt.num_responses_per_timestep, iteration,
                 self.settings.max_concurrent_requests, on_level=ctx.step)
         annotate_trees(rollouts, self.reward_thresholds, hp.seed)
-        return rollouts, tokens
+        self.state.tokens_used += tokens
+        return rollouts
 
-    # -- log stats: the base stats plus the tree statistics ------------------------------------
+    # -- log stats: the base stats plus, in training, the tree statistics -----------------------
 
-    def extra_train_stats(self, rollouts: list[NestedArrayDict]) -> dict[str, float]:
-        stats = tree_stats(rollouts, self.agent_names)
-        for agent in self.agent_names:
-            stats[f"{agent}.dpo_pairs"] = float(len(self.agent_fine_tune_examples(agent, rollouts)))
+    def _get_log_stats(self, rollouts: list[NestedArrayDict], *, train: bool = True) -> dict[str, float]:
+        stats = super()._get_log_stats(rollouts, train=train)
+        if train:  # test rollouts are single episodes, not trees
+            stats.update(tree_stats(rollouts, self.agent_names))
+            for agent in self.agent_names:
+                stats[f"{agent}.dpo_pairs"] = float(len(self.agent_fine_tune_examples(agent, rollouts)))
         return stats
 
     # -- fine-tuning ----------------------------------------------------------------------------

@@ -34,31 +34,56 @@ def episode_rewards(rollout: NestedArrayDict) -> np.ndarray:
 
 def rollout_stats(rollouts: list[NestedArrayDict], agent_names: list[str], verifier_index: int,
                   prefix: str = "") -> dict[str, float]:
-    """Mean/std episode reward per agent, accuracy, decisions, precision/recall, retries."""
+    """The statistics of nip's pure-text ``_get_log_stats``, computed as nip computes them.
+
+    Per agent: ``mean``/``std_episode_reward`` (reward summed over the rounds; std with
+    ddof 0), ``retry_proportion`` and ``token_limit_proportion`` (the mean retry count and
+    token-limit flag over every channel of the timesteps whose ``done`` is false: padding
+    after a termination included, as nip's pure-text ``done`` excludes termination).
+    Overall, from each rollout's last timestep: ``mean``/``std_episode_length`` (messages on
+    channel 0), ``mean``/``std_accuracy`` (a terminated episode decided ``2``: wrong),
+    ``worst_datapoint_accuracy``, per class ``mean``/``std_{0,1}_accuracy``,
+    ``mean``/``std_decision``, ``precision`` = TP/(TP+FP) and ``recall`` = TP/(TP+FN) (a
+    time-out is neither). A statistic nip would log as NaN (no rollout of a class, no
+    positive decision) is left out. See docs/behaviour.md#b15.
+    """
     stats: dict[str, float] = {}
     if not rollouts:
         return stats
     rewards = np.stack([episode_rewards(r) for r in rollouts])
+    running = np.concatenate([~r["done"].astype(bool) for r in rollouts])
     for i, agent in enumerate(agent_names):
         stats[f"{agent}.{prefix}mean_episode_reward"] = float(rewards[:, i].mean())
         stats[f"{agent}.{prefix}std_episode_reward"] = float(rewards[:, i].std())
-        real = np.concatenate([~r["padding"].astype(bool) for r in rollouts])
-        retries = np.concatenate([r["agents.retry_count"][:, i].max(-1) for r in rollouts])
-        stats[f"{agent}.{prefix}retry_proportion"] = float((retries[real] > 0).mean())
+        retries = np.concatenate([r["agents.retry_count"][:, i] for r in rollouts])[running]
+        limited = np.concatenate([r["agents.token_limit"][:, i] for r in rollouts])[running]
+        stats[f"{agent}.{prefix}retry_proportion"] = float(retries.mean())
+        stats[f"{agent}.{prefix}token_limit_proportion"] = float(limited.astype(float).mean())
+    lengths = np.array([int((r["next.message_history"][-1][:, 0] != None).sum())  # noqa: E711
+                        for r in rollouts])
+    stats[f"{prefix}mean_episode_length"] = float(lengths.mean())
+    stats[f"{prefix}std_episode_length"] = float(lengths.std())
     decisions = np.array([verifier_decision(r, verifier_index) for r in rollouts])
     y = np.array([int(r["y"][0]) for r in rollouts])
     correct = decisions == y
     stats[f"{prefix}mean_accuracy"] = float(correct.mean())
     stats[f"{prefix}std_accuracy"] = float(correct.std())
+    datapoints = np.array([int(r["datapoint_id"][0]) for r in rollouts])
+    stats[f"{prefix}worst_datapoint_accuracy"] = float(min(correct[datapoints == d].mean()
+                                                          for d in np.unique(datapoints)))
     for label in (0, 1):
         if (y == label).any():
             stats[f"{prefix}mean_{label}_accuracy"] = float(correct[y == label].mean())
+            stats[f"{prefix}std_{label}_accuracy"] = float(correct[y == label].std())
     stats[f"{prefix}mean_decision"] = float(decisions.mean())
-    tp = float(((decisions == 1) & (y == 1)).sum())
-    stats[f"{prefix}precision"] = tp / max(1.0, float((decisions == 1).sum()))
-    stats[f"{prefix}recall"] = tp / max(1.0, float((y == 1).sum()))
-    lengths = [int((r["next.message_history"][-1][:, 0] != None).sum()) for r in rollouts]  # noqa: E711
-    stats[f"{prefix}mean_episode_length"] = float(np.mean(lengths))
+    stats[f"{prefix}std_decision"] = float(decisions.std())
+    tp = int(((decisions == 1) & (y == 1)).sum())
+    fp = int(((decisions == 1) & (y == 0)).sum())
+    fn = int(((decisions == 0) & (y == 1)).sum())
+    if tp + fp:
+        stats[f"{prefix}precision"] = tp / (tp + fp)
+    if tp + fn:
+        stats[f"{prefix}recall"] = tp / (tp + fn)
     return stats
 
 

@@ -16,18 +16,21 @@ A trainer class states what it is as class attributes, checked when it is regist
 Everything else derives from the registry: the trainer names ``HyperParameters`` accepts
 (:func:`registered_trainer_names`), which trainers are pure-text (:func:`trainer_kind`) and
 which get value heads (:func:`trainer_uses_critic`). Built-in trainers are registered by
-importing the modules listed in :mod:`nip_core.trainers.catalogue`; a user's trainer is
-registered by importing the module that defines it.
+importing :mod:`nip_core.trainers.catalogue`; a user's trainer is registered by importing
+the module that defines it.
 
-This module imports nothing heavy and no other nipflow module (the parameters import it,
-and ``build_trainer`` lives in :mod:`nip_core.trainers.build`); the functions that need
-every built-in trainer import the catalogue on first use.
+This module imports nothing heavy (the parameters import it, and ``build_trainer`` lives in
+:mod:`nip_core.trainers.build`): a built-in trainer that is not imported yet is answered
+from :data:`~nip_core.trainers.built_ins.BUILT_IN_TRAINERS`, so validating a trainer name
+imports neither torch nor any trainer; :func:`get_trainer_class` imports the catalogue.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
+
+from nip_core.trainers.built_ins import BUILT_IN_TRAINERS
 
 T = TypeVar("T", bound=type)
 
@@ -165,18 +168,22 @@ def _load_built_ins() -> None:
 
 
 def registered_trainer_names() -> list[str]:
-    """Every registered trainer name, sorted (the built-ins are imported first)."""
-    _load_built_ins()
-    return sorted(_SPECS)
+    """Every registered trainer name, the built-ins included, sorted (nothing is imported)."""
+    return sorted(set(_SPECS) | set(BUILT_IN_TRAINERS))
 
 
 def trainer_spec(name: str) -> TrainerSpec:
-    """What the trainer registered as ``name`` declared; raises :class:`UnknownTrainerError`."""
-    _load_built_ins()
-    try:
+    """What the trainer registered as ``name`` declared; raises :class:`UnknownTrainerError`.
+
+    A built-in trainer not imported yet is answered from what the catalogue states for it.
+    """
+    if name in _SPECS:
         return _SPECS[name]
-    except KeyError:
-        raise UnknownTrainerError(name) from None
+    if name in BUILT_IN_TRAINERS:
+        built_in = BUILT_IN_TRAINERS[name]
+        return TrainerSpec(name=name, kind=built_in.kind, needs_critic=built_in.needs_critic,
+                           critic_switch=built_in.critic_switch, class_name=f"{built_in.module} (not imported)")
+    raise UnknownTrainerError(name)
 
 
 def trainer_kind(name: str) -> str:

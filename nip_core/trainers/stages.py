@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from nip_core.trainers.fine_tune_waiter import FineTuneJobsPending
-from nip_core.trainers.pure_text_stats import rollout_stats
 from nip_core.trainers.stage_machine import STAGE_ORDER, Stage, StageOrderError
 
 if TYPE_CHECKING:
@@ -54,8 +53,7 @@ def sample_rollouts(trainer: "PureTextRlTrainer") -> dict[str, Any]:
     if trainer.records.has_rollouts(name):
         rollouts = trainer.records.load_rollouts(name)  # written by an interrupted attempt: never rewrite
     else:
-        rollouts, tokens = trainer.sample_train_rollouts(i)
-        trainer.state.tokens_used += tokens
+        rollouts = trainer._sample_rollouts(trainer.scenario.train_environment, i, use_tqdm=True)
         trainer.reach_point(i, Stage.SAMPLE_ROLLOUTS.value, "before_save")
         trainer.records.save_rollouts(name, rollouts)
     trainer.records.keep(name, rollouts)
@@ -63,11 +61,10 @@ def sample_rollouts(trainer: "PureTextRlTrainer") -> dict[str, Any]:
 
 
 def log_stats(trainer: "PureTextRlTrainer") -> dict[str, Any]:
-    """Log the statistics of the iteration's training rollouts (plus the trainer's extras)."""
+    """Log the statistics of the iteration's training rollouts (the trainer's ``_get_log_stats``)."""
     i = trainer.state.iteration
     rollouts = trainer.records.rollouts(str(i))
-    stats = rollout_stats(rollouts, trainer.agent_names, trainer.verifier_index)
-    stats.update(trainer.extra_train_stats(rollouts))
+    stats = dict(trainer._get_log_stats(rollouts, train=True))
     stats["tokens_used"] = float(trainer.state.tokens_used)
     stats["fine_tune_trained_tokens"] = float(trainer.state.last_trained_tokens)
     trainer.log_stats(stats, i)

@@ -18,7 +18,7 @@ from torch import nn
 
 from nip_core.scenarios.registry import build_scenario_instance
 from nip_core.settings import ExperimentSettings, resolve_device
-from nip_core.trainers.base import Trainer, set_global_seed
+from nip_core.trainers.base import Trainer, refuse_settings_as_scenario, set_global_seed
 from nip_core.trainers.tensordict_checkpoints import RngStatesMixin
 
 
@@ -58,17 +58,18 @@ class TensorDictTrainer(RngStatesMixin, Trainer):
 
     uses_torch_device = True
 
-    def __init__(self, hyper_params, settings=None, run=None, hooks=None, stat_logger=None,
-                 scenario_instance=None):
+    def __init__(self, hyper_params, scenario_instance=None, settings=None, *, run=None, hooks=None,
+                 stat_logger=None):
+        refuse_settings_as_scenario(type(self), scenario_instance)
         settings = settings or ExperimentSettings()
         self.requested_device: str = settings.device
         settings = settings.model_copy(update={"device": resolve_device(settings.device)})
-        super().__init__(hyper_params, settings, run=run, hooks=hooks, stat_logger=stat_logger)
+        super().__init__(hyper_params, None, settings, run=run, hooks=hooks, stat_logger=stat_logger)
         set_global_seed(hyper_params.seed)
         if scenario_instance is None:
             scenario_instance = build_scenario_instance(hyper_params, self.settings,
                                                         trainer_type=self.trainer_type)
-        self.scenario = scenario_instance
+        self.scenario_instance = scenario_instance
         self.protocol_handler = scenario_instance.protocol_handler
         self.agents: nn.Module = scenario_instance.extras["combined_agents"].to(self.settings.device)
         self.agent_names = list(self.protocol_handler.agent_names)

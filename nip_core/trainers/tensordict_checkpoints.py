@@ -19,6 +19,9 @@ CPU-only one (and the other way round) with the tensors where the trainer comput
 states are brought back to the CPU before they are set (torch accepts only CPU byte
 tensors there). On a CUDA device the CUDA generators are saved too (``torch_cuda``); a host
 without CUDA skips them with a log line, since it cannot replay CUDA streams anyway.
+
+Iteration 0 of a run is a checkpoint too: the warm-start agents or the pretrained ones
+(``pretrain_agents``), made once (:meth:`TensorDictCheckpointMixin._prepare_iteration_zero`).
 """
 
 from __future__ import annotations
@@ -163,7 +166,7 @@ class TensorDictCheckpointMixin:
             return
         name = checkpoint_name(iteration)
         save_run_checkpoint(self.run, name, data if data is not None else self._checkpoint_bytes(),
-                            iteration=iteration)
+                            iteration=iteration, metadata=self._get_metadata())
         self._stored_iteration = iteration
         self.state.iteration = iteration
         self.save_state()
@@ -218,3 +221,27 @@ class TensorDictCheckpointMixin:
         record = load_warm_start_agents(self.run, self.agents)  # logs and records metadata.warm_started
         self._warm_start_checked = True
         return record is not None
+
+    def _prepare_iteration_zero(self) -> None:
+        """Warm start, then ``pretrain_agents``; a stored pretrained iteration 0 is loaded instead."""
+        if not self.hyper_params.pretrain_agents:
+            self.maybe_warm_start()
+            return
+        if self._stored_iteration == 0 or self._pretrained:
+            return  # this object pretrained (or loaded the pretrained agents) already
+        if self.latest_checkpoint_iteration(upto=0) == 0:
+            self.restore_checkpoint(0)  # pretrained by an earlier attempt: never pretrain twice
+            return
+        if self.maybe_warm_start():
+            log.info("pretrain_agents: the agents were warm-started, so they are not pretrained")
+        else:
+            self._pretrain_agents()
+            self._pretrained = True
+        self.save_checkpoint()
+
+    def _pretrain_agents(self) -> None:
+        """Pretrain the agents' bodies in isolation (``pretrain_agents``; nip's hook) and log
+        the statistics as the ``pretrain`` kind. The result is checkpointed as iteration 0."""
+        from nip_core.trainers.pretrain import pretrain_agents
+
+        self.log_stats(pretrain_agents(self), 0, kind="pretrain")

@@ -65,27 +65,24 @@ from contextlib import ExitStack
 from typing import Any
 
 import torch
+from tensordict import TensorDict, TensorDictBase
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.replay_buffers.samplers import SamplerWithoutReplacement
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from nip_core.agents.operators import PolicyOperator, ValueOperator
-from nip_core.environments.episode_stats import episode_stats
+from nip_core.environments.episode_stats import episode_stats, loss_stats
 from nip_core.environments.rollouts import normalized_env, random_observation_stats
 from nip_core.errors import CheckpointNotFoundError
 from nip_core.trainers.base import set_global_seed
-from nip_core.trainers.collectors import make_collector
+from nip_core.trainers.collectors import as_collector, make_collector
 from nip_core.trainers.precision import autocast_dtype, precision_context
 from nip_core.trainers.preemption import PreemptionGuard, TrainingPreempted
-from nip_core.trainers.optim import build_optimizer
+from nip_core.trainers.optim import ParamGroupFreezer, backward_losses, build_optimizer, optimizer_step
 from nip_core.trainers.progress import attach_progress_bar
-from nip_core.trainers.tensordict_base import TensorDictTrainer, module_mode  # noqa: F401 (re-exported)
-from nip_core.trainers.tensordict_checkpoints import (  # noqa: F401 (_to_cpu: re-exported, it lived here)
-    TensorDictCheckpointMixin,
-    _to_cpu,
-    checkpoint_name,
-)
+from nip_core.trainers.tensordict_base import TensorDictTrainer, module_mode
+from nip_core.trainers.tensordict_checkpoints import TensorDictCheckpointMixin, checkpoint_name
 from nip_core.trainers.timing import IterationProfiler, PhaseTimer, parse_iteration_range
 
 log = logging.getLogger(__name__)
@@ -136,23 +133,14 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         super().__init__(*args, **kwargs)
         hp = self.hyper_params
         self.use_critic = bool(self.scenario.extras.get("use_critic", True))
-        base_train_env = self.scenario.train_environment
-        base_test_env = self.scenario.test_environment
+        base_train_env, base_test_env = self.scenario.train_environment, self.scenario.test_environment
         self.message_key = base_train_env.main_message_out_key
         self.steps_per_env = base_train_env.steps_per_env
         self.frames_per_batch = base_train_env.frames_per_batch
+        self.train_env, self.test_env = base_train_env, base_test_env
         if hp.rl.normalize_observations:
-            steps = 10 if self.settings.test_run else hp.rl.num_normalization_steps
-            # A few random steps of the (batched) env give plenty of frames; cap the count
-            # so that initialisation stays cheap for large batches.
-            steps = max(1, min(steps, max(1, 20_000 // base_train_env.num_envs)))
-            stats = random_observation_stats(base_train_env, steps)
-            self.train_env = normalized_env(base_train_env, stats)
-            self.test_env = normalized_env(base_test_env, stats)
-        else:
-            self.train_env, self.test_env = base_train_env, base_test_env
-        self.policy_operator = PolicyOperator(self.agents, self.message_key, in_keys=[])
-        self.value_operator = ValueOperator(self.agents, in_keys=[]) if self.use_critic else None
+            self._add_normalization_transforms()
+        self._build_operators()
         autocast_dtype(hp.rl.precision)  # refuses an unknown precision, naming rl.precision
         self.loss_module, self.value_estimator = self._get_loss_module_and_gae()
         # Loss buffers (e.g. adaptive KL coefficients) and GAE constants live where the agents do.
@@ -160,10 +148,14 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         if self.value_estimator is not None:
             self.value_estimator.to(self.settings.device)
         self._compiled_loss = None
-        self.optimizer, self.agent_groups = self._get_optimizer_and_param_freezer(self.loss_module)
-        self.train_collector, self.test_collector = self._get_data_collectors()
+        self.optimizer, self.param_group_freezer = self._get_optimizer_and_param_freezer(self.loss_module)
+        self.train_collector, self.test_collector = map(as_collector, self._get_data_collectors())
         self.profiler = IterationProfiler(parse_iteration_range(self.settings.profile_iterations), self.run)
         self._preemption: PreemptionGuard | None = None  # set while run_iterations trains
+        self._train_stop: int | None = None  # the end of the range run_iterations trains
+        # What _train_on_replay_buffer trains on (nip's attributes), set by each iteration.
+        self.replay_buffer: ReplayBuffer | None = None
+        self.active_agents: dict[str, bool] = {name: True for name in self.agent_names}
         self._stored_iteration: int | None = None  # newest checkpoint this object wrote or read
         self._pretrained = False  # pretrain_agents ran in this object
         # Start of the episode state carried across iterations (reset once, deterministic).
@@ -172,6 +164,23 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         self._memory_iteration = 0
 
     # -- extension points: building -----------------------------------------------------------
+
+    def _add_normalization_transforms(self) -> None:
+        """Normalise the observations of ``train_env`` and ``test_env`` (``rl.normalize_observations``).
+
+        nip's hook. The statistics come from ``rl.num_normalization_steps`` random steps of
+        the training environment (at most 20,000 frames) and are shared by both.
+        """
+        steps = 10 if self.settings.test_run else self.hyper_params.rl.num_normalization_steps
+        steps = max(1, min(steps, max(1, 20_000 // self.train_env.num_envs)))
+        stats = random_observation_stats(self.train_env, steps)
+        self.train_env = normalized_env(self.train_env, stats)
+        self.test_env = normalized_env(self.test_env, stats)
+
+    def _build_operators(self) -> None:
+        """``policy_operator`` and (with a critic) ``value_operator`` over the agents (nip's hook)."""
+        self.policy_operator = PolicyOperator(self.agents, self.message_key, in_keys=[])
+        self.value_operator = ValueOperator(self.agents, in_keys=[]) if self.use_critic else None
 
     @abstractmethod
     def _get_loss_module_and_gae(self):
@@ -182,22 +191,28 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         the sum of those terms (:meth:`_backward`).
         """
 
-    def _get_optimizer_and_param_freezer(self, loss_module) -> tuple[torch.optim.Optimizer | None, dict]:
-        """The optimiser (``rl.optimizer``) and the per-agent parameter groups.
+    def _get_optimizer_and_param_freezer(self, loss_module) -> tuple[torch.optim.Optimizer | None,
+                                                                      ParamGroupFreezer]:
+        """The optimiser (``rl.optimizer``) and the parameter freezer (nip's signature).
 
-        The groups (``{agent_name: [param_group, ...]}``) are the parameter freezer: an
-        agent whose update schedule is inactive keeps its groups, but its gradients are
-        dropped before the optimiser step (module doc). The groups come from the agents
-        (``lr`` and per-part factors), which the loss module holds.
+        The freezer's collections are the agents' parameter groups (``lr`` and per-part
+        factors; the loss module holds the agents): an agent whose update schedule is
+        inactive is frozen for the iteration, its gradients dropped before the optimiser
+        step (module doc).
         """
         agent_groups = self.agents.parameter_groups(self.hyper_params.rl.lr)
         all_groups = [g for groups in agent_groups.values() for g in groups]
         for group in all_groups:
             group["initial_lr"] = group["lr"]
-        return build_optimizer(all_groups, self.hyper_params.rl), agent_groups
+        optimizer = build_optimizer(all_groups, self.hyper_params.rl)
+        return optimizer, ParamGroupFreezer(optimizer, agent_groups if optimizer is not None else {})
 
     def _get_data_collectors(self) -> tuple[Any, Any]:
         """``(train_collector, test_collector)``, see :mod:`nip_core.trainers.collectors`.
+
+        An override may return TorchRL collectors (``torchrl.collectors.Collector``, nip's
+        ``SyncDataCollector``, with ``total_frames=-1``): they are driven as they are, but a
+        resumed run does not continue their episodes (:class:`~nip_core.trainers.collectors.TorchRLCollector`).
 
         The train collector collects ``rl.collection_shards`` shards of the episodes, in
         ``settings.num_rollout_workers`` worker processes when that is positive (the worker
@@ -252,7 +267,15 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
     # -- the loop ----------------------------------------------------------------------------
 
     def train(self) -> None:
-        """Train for ``rl.num_iterations`` iterations (resuming), then run the test loop."""
+        """Train the agents: :meth:`_train_and_test` (resuming from the run's checkpoint)."""
+        self._train_and_test()
+
+    def _train_and_test(self) -> None:
+        """Train for ``rl.num_iterations`` iterations (resuming), then run the test loop.
+
+        nip's hook. Under Prefect the iterations run in RL blocks, so a class that
+        overrides this (or ``train()``) runs as one task instead (``flows/experiment.py``).
+        """
         self.run_iterations(self.state.iteration, self.hyper_params.rl.num_iterations)
         if self.hyper_params.rl.num_test_iterations > 0:
             self.test()
@@ -283,36 +306,25 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
             raise CheckpointNotFoundError(
                 f"{self.run.location if self.run else '<no run>'}/checkpoints/{checkpoint_name(start)}",
                 f"checkpoint for iteration {start}")
+        self._train_stop = stop
         try:
             with PreemptionGuard() as self._preemption, ExitStack() as stack:
                 self._build_train_context(stack)
-                self._run_train_loop(stop)
+                self._run_train_loop()
         finally:
             self._preemption = None
-        self.save_checkpoint()
-
-    def _prepare_iteration_zero(self) -> None:
-        """Warm start, then ``pretrain_agents``; a stored pretrained iteration 0 is loaded instead."""
-        if not self.hyper_params.pretrain_agents:
-            self.maybe_warm_start()
-            return
-        if self._stored_iteration == 0 or self._pretrained:
-            return  # this object pretrained (or loaded the pretrained agents) already
-        if self.latest_checkpoint_iteration(upto=0) == 0:
-            self.restore_checkpoint(0)  # pretrained by an earlier attempt: never pretrain twice
-            return
-        if self.maybe_warm_start():
-            log.info("pretrain_agents: the agents were warm-started, so they are not pretrained")
-        else:
-            from nip_core.trainers.pretrain import pretrain_agents
-
-            self.log_stats(pretrain_agents(self), 0, kind="pretrain")
-            self._pretrained = True
+            self._train_stop = None
         self.save_checkpoint()
 
     @attach_progress_bar(lambda self: self.hyper_params.rl.num_iterations, "train")
-    def _run_train_loop(self, stop: int, iteration_context=None) -> None:
-        """Train until iteration ``stop`` (in the train context); checkpoint every ``checkpoint_every``."""
+    def _run_train_loop(self, iteration_context=None) -> None:
+        """Train (in the train context) until the end of the range :meth:`run_iterations` trains
+        (``rl.num_iterations`` when called on its own); checkpoint every ``checkpoint_every``.
+
+        nip's signature: an override decorated with ``attach_progress_bar`` gets its
+        ``iteration_context`` and is called with no other argument.
+        """
+        stop = self.hyper_params.rl.num_iterations if self._train_stop is None else self._train_stop
         every = self.settings.checkpoint_every
         if iteration_context is not None and iteration_context.count < self._memory_iteration:
             iteration_context.step(self._memory_iteration - iteration_context.count)
@@ -353,10 +365,11 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
             with timer.phase("gae"):
                 self._add_values_and_advantages(batch)
         with timer.phase("update"):
-            replay_buffer = self._get_replay_buffer()
+            self.replay_buffer = self._get_replay_buffer()
             with _quiet_torchrl():
-                replay_buffer.extend(batch.reshape(-1))
-            mean_losses = self._train_on_replay_buffer(replay_buffer, active)
+                self.replay_buffer.extend(batch.reshape(-1))
+            self.active_agents = active
+            mean_losses = self._train_on_replay_buffer()
         stats = self._get_log_stats(batch, mean_losses, train=True)
         stats.update(timer.stats)
         return stats
@@ -390,23 +403,27 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         batch.set(("next", "agents", "value"), next_values)
         self.value_estimator(batch)
 
-    def _train_on_replay_buffer(self, replay_buffer: ReplayBuffer, active: dict[str, bool]) -> dict[str, float]:
-        """The PPO update: ``rl.num_epochs`` passes of minibatches from ``replay_buffer``.
+    def _train_on_replay_buffer(self) -> TensorDictBase:
+        """The PPO update: ``rl.num_epochs`` passes of minibatches from ``self.replay_buffer``.
 
-        Each minibatch: loss forward (``rl.precision``), backward, and every
+        nip's signature. Each minibatch: loss forward (``rl.precision``), backward, and every
         ``rl.gradient_accumulation_steps`` minibatches (and after the last) one optimiser
-        step on the mean gradient. Agents not in ``active`` are frozen. Returns the mean
-        of every loss entry over the minibatches (``agents.loss_x`` for nested ones).
+        step on the mean gradient. Agents that ``self.active_agents`` (this iteration's
+        update schedules) leaves out are frozen. Returns the mean of the loss module's
+        output over the minibatches (per-agent entries under ``agents``), as nip does.
         """
-        hp = self.hyper_params
+        hp, replay_buffer, active = self.hyper_params, self.replay_buffer, self.active_agents
         size = len(replay_buffer)
         num_steps = hp.rl.num_epochs * (size // min(hp.rl.minibatch_size, size))
         if self.settings.test_run:
             num_steps = 1
-        frozen_params = [p for name, groups in self.agent_groups.items() if not active[name]
-                         for g in groups for p in g["params"]]
+        freezer = self.param_group_freezer
+        for name, is_active in active.items():
+            if name in freezer.param_group_collections:
+                (freezer.unfreeze if is_active else freezer.freeze)(name)
+        frozen_params = freezer.frozen_params()
         all_params = [p for g in (self.optimizer.param_groups if self.optimizer else []) for p in g["params"]]
-        totals: dict[str, float] = {}
+        totals = None
         accumulate = hp.rl.gradient_accumulation_steps
         pending = 0  # minibatches whose gradients wait for the next optimiser step
         for step in range(num_steps):
@@ -415,9 +432,8 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
             minibatch = replay_buffer.sample()
             with self._precision():
                 losses = self._loss_forward(minibatch)
-            for key, value in losses.items(include_nested=True, leaves_only=True):
-                name = ".".join(key) if isinstance(key, tuple) else key
-                totals[name] = totals.get(name, 0.0) + float(value.detach().sum())
+            detached = losses.detach().float()
+            totals = detached.clone() if totals is None else totals.apply(torch.add, detached)
             if self.optimizer is None or all(not a for a in active.values()):
                 continue
             self._backward(losses)
@@ -425,39 +441,29 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
             if pending == accumulate or step == num_steps - 1:
                 self._optimizer_step(all_params, frozen_params, pending)
                 pending = 0
-        return {k: v / max(num_steps, 1) for k, v in totals.items()}
+        return totals.apply(lambda v: v / max(num_steps, 1)) if totals is not None else TensorDict({}, [])
 
     def _backward(self, losses) -> None:
         """The loss module's ``backward``; without one, backpropagate the sum of its ``loss_*`` terms."""
-        backward = getattr(self.loss_module, "backward", None)
-        if callable(backward):
-            backward(losses)
-            return
-        terms = [value.sum() for key, value in losses.items(include_nested=True, leaves_only=True)
-                 if (key[-1] if isinstance(key, tuple) else key).startswith("loss_") and value.requires_grad]
-        if not terms:
-            raise KeyError(f"{type(self.loss_module).__name__}: the losses hold no differentiable loss_* entry "
-                           f"(keys: {list(losses.keys(include_nested=True, leaves_only=True))})")
-        torch.stack(terms).sum().backward()
+        backward_losses(self.loss_module, losses)
 
     def _optimizer_step(self, all_params: list, frozen_params: list, accumulated: int) -> None:
         """One step on the mean gradient of the ``accumulated`` minibatches since the last."""
-        for p in frozen_params:
-            p.grad = None  # the optimiser skips parameters without gradient: the agent is frozen
-        if accumulated > 1:
-            for p in all_params:
-                if p.grad is not None:
-                    p.grad.div_(accumulated)
-        torch.nn.utils.clip_grad_norm_(all_params, self.hyper_params.rl.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer_step(self.optimizer, all_params, frozen_params, accumulated, self.hyper_params.rl.max_grad_norm)
 
-    def _get_log_stats(self, rollouts, mean_loss_vals: dict[str, float] | None = None, *,
+    def _get_log_stats(self, rollouts, mean_loss_vals: TensorDictBase | None = None, *,
                        train: bool = True) -> dict[str, float]:
-        """Episode statistics of ``rollouts`` (prefix ``test_`` unless ``train``) and the mean losses."""
-        stats = episode_stats(rollouts, self.agent_names, self.verifier_index, prefix="" if train else "test_")
+        """Episode statistics of ``rollouts`` (prefix ``test_`` unless ``train``) and the mean losses.
+
+        The losses as nip logs them (docs/behaviour.md#b15): ``{prefix}{key}`` for each entry
+        and ``{prefix}{agent}.{key}`` for each per-agent one; ``loss_critic_unscaled`` is
+        ``loss_critic`` divided by the critic coefficient.
+        """
+        prefix = "" if train else "test_"
+        stats = episode_stats(rollouts, self.agent_names, self.verifier_index, prefix=prefix)
         if mean_loss_vals is not None:
-            stats.update(mean_loss_vals)
+            stats.update(loss_stats(mean_loss_vals, self.agent_names, prefix,
+                                    getattr(self.loss_module, "critic_coef", None)))
         return stats
 
     # -- testing -------------------------------------------------------------------------------

@@ -135,6 +135,7 @@ def test_custom_run_form_offers_trainer_and_protocol_dropdowns(prefect_server, d
             assert select_options(page, prop, screenshot_name=shot) == options, title
 
 
+@pytest.mark.long(130)
 def test_gi_run_submitted_in_the_form_completes_and_shows_its_result_card(prefect_server, deployed, browser,
                                                                          workers, tmp_path):
     from playwright.sync_api import expect

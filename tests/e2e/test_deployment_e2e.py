@@ -152,6 +152,7 @@ def start_watched(prefect_server, command: list[str], log: Path) -> tuple[subpro
     return proc, flow_run_id
 
 
+@pytest.mark.long(180)
 def test_watcher_killed_mid_tick_stalls_nothing_and_the_suspended_run_completes(prefect_server, workers, llm_server,
                                                                                  tmp_path):
     started = time.monotonic()
@@ -254,6 +255,7 @@ GI_RUN_ID = "gi-1"  # the README's
 GI_ITERATIONS = 2
 
 
+@pytest.mark.long(215)
 def test_gi_deployment_trains_on_the_cpu_through_the_gpu_pool(prefect_server, workers, tmp_path):
     started = time.monotonic()
     api = Api(prefect_server.api_url)

@@ -95,6 +95,7 @@ def deployed(prefect_server):
     return Api(prefect_server.api_url)
 
 
+@pytest.mark.long(120)
 def test_gpu_limit_keeps_rl_blocks_of_two_experiments_apart(prefect_server, deployed, workers, tmp_path):
     started = time.monotonic()
     api = deployed

@@ -70,6 +70,7 @@ def read_jsonl(fs, path: str) -> list[dict]:
     return [json.loads(line) for line in fs.cat_file(path).decode().splitlines() if line.strip()]
 
 
+@pytest.mark.long(100)
 def test_sweep_on_s3_spreads_over_two_workers_and_runs_every_stage_once(
         prefect_server, s3_server, deployed, workers, tmp_path):
     started = time.monotonic()

@@ -127,6 +127,7 @@ def _running(api: Api, flow_name: str, run_id: str, key=lambda r: r.parameters.g
                for r in api.flow_runs(flow_name))
 
 
+@pytest.mark.long(300)
 def test_runs_complete_whatever_moment_their_workers_die(prefect_server, workers, llm_server, tmp_path):
     rng = random.Random(SEED)
     started = time.monotonic()

@@ -65,3 +65,16 @@ def test_an_overridden_train_runs_in_one_task_under_the_flow(subprocess_env, tmp
     assert result["iteration"] == 2
     assert result["train_tasks"] == ["train[own-train]"]
     assert result["children"] == 0  # no RL block flow runs: they would have bypassed the override
+
+
+def test_an_overridden_train_and_test_is_an_override_of_train_for_the_flow():
+    """nip's ``_train_and_test`` is what ``train()`` runs: the RL blocks would bypass it too."""
+    from flows.experiment import overrides_train
+    from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
+
+    class OwnLoop(VanillaPpoTrainer):
+        def _train_and_test(self) -> None:
+            raise AssertionError("not called here")
+
+    assert overrides_train(OwnLoop.__new__(OwnLoop), "tensordict")
+    assert not overrides_train(VanillaPpoTrainer.__new__(VanillaPpoTrainer), "tensordict")

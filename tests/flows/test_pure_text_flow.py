@@ -123,6 +123,7 @@ def test_sigkill_inside_a_stage_then_resume(fakes, tmp_path, subprocess_env):
     assert (run_dir / "state.json").read_text() == ref_state
 
 
+@pytest.mark.long(75)
 @pytest.mark.slow
 def test_two_processes_racing_execute_each_stage_once(fakes, tmp_path, subprocess_env):
     from flows.experiment import train_experiment

@@ -64,7 +64,7 @@ def train_tiny_run(runs_dir: Path, files: dict[str, Path], run_id: str = "gi", t
     scenario = build_graph_isomorphism(hp, settings, trainer_type=cls.trainer_type,
                                        train_dataset=read_dataset_file(files["train"]),
                                        test_dataset=read_dataset_file(files["test"]))
-    trainer_obj = cls(hp, settings, run=run, scenario_instance=scenario)
+    trainer_obj = cls(hp, settings=settings, run=run, scenario_instance=scenario)
     try:
         trainer_obj.train()
     finally:

@@ -36,7 +36,7 @@ def text_trainer(tmp_path):
     params = make_params("code_validation", "pure_text_ei", overrides=["rl.num_iterations=2"])
     settings = ExperimentSettings(run_id="r.1", runs_dir=str(tmp_path / "runs"), use_wandb=False)
     run = RunStore(settings.runs_dir).open_run("r.1", params)
-    return nipflow_fakes.FakeTextTrainer(params, settings, run=run)
+    return nipflow_fakes.FakeTextTrainer(params, settings=settings, run=run)
 
 
 def test_cache_key_has_no_dots_so_lock_files_cannot_collide():

@@ -72,6 +72,6 @@ def build_code_validation(hyper_params: Any, settings: Any, **_: Any) -> Scenari
             agents[a] = Agent(whole=PureTextWholeAgent(a, hyper_params.agent_params(a), client,
                                                        lambda g=g: g.model_name))
     return ScenarioInstance(train_dataset=train, test_dataset=test, protocol_handler=handler, agents=agents,
-                            train_environment=CodeValidationEnvironment(handler),
-                            test_environment=CodeValidationEnvironment(handler),
+                            train_environment=CodeValidationEnvironment(handler, train),
+                            test_environment=CodeValidationEnvironment(handler, test),
                             shared_model_groups=groups, extras={"client": client})

@@ -179,6 +179,11 @@ class NipLossModule(LossModule):
         """Per-agent ``(A,)`` entropy bonus ``-c_H mean_b H_a``."""
         return -self.entropy_coef * entropy.mean(0)
 
+    @staticmethod
+    def logged_entropy(entropy: Tensor) -> Tensor:
+        """The logged ``entropy``, as nip logs it: ``sum_a mean_b H_a`` (docs/behaviour.md#b15)."""
+        return entropy.mean(0).sum().detach()
+
     def critic_term(self, value: Tensor, td: TensorDictBase) -> Tensor:
         """Per-agent ``(A,)`` critic term ``c_V ℓ(V_a, V_target_a)`` (``rl.loss_critic_type``, clipped)."""
         return self.critic_coef * critic_loss(value, td, self.loss_critic_type, self.clip_value,

@@ -47,7 +47,7 @@ class PpoLoss(NipLossModule):
         kl = (-log_weight).mean(0).detach()
         per_agent = {"loss_objective": objective, "loss_entropy": entropy_loss, "kl_divergence": kl}
         out = {"loss_objective": objective.sum(), "loss_entropy": entropy_loss.sum(),
-               "entropy": entropy.mean().detach(), "kl_divergence": kl.mean()}
+               "entropy": self.logged_entropy(entropy), "kl_divergence": kl.mean()}
         if self.use_critic:
             critic = self.critic_term(values, td)
             per_agent["loss_critic"] = critic

@@ -52,7 +52,7 @@ class ReinforceLoss(NipLossModule):
             weight = td[self.tensor_keys.reward_to_go].squeeze(-1)
         actor = (-log_prob * weight).mean(0)
         per_agent = {"loss_actor": actor}
-        out = {"loss_actor": actor.sum(), "entropy": entropy.mean().detach()}
+        out = {"loss_actor": actor.sum(), "entropy": self.logged_entropy(entropy)}
         if self.use_critic:
             critic = self.critic_term(self.agents.value(td), td)
             per_agent["loss_critic"] = critic

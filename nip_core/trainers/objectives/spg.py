@@ -121,7 +121,7 @@ class SpgLoss(NipLossModule):
         matrix = -gain  # loss[i, a]
         entropy_loss = self.entropy_term(entropy)
         out = {"loss_objective": matrix.diagonal().sum(), "loss_entropy": entropy_loss.sum(),
-               "entropy": entropy.mean().detach(), "loss_matrix": matrix, "sum_log_probs": log_prob.sum()}
+               "entropy": self.logged_entropy(entropy), "loss_matrix": matrix, "sum_log_probs": log_prob.sum()}
         per_agent = {"loss_objective": matrix.diagonal(), "loss_entropy": entropy_loss}
         if self.use_critic:
             critic = self.critic_term(self.agents.value(td), td)

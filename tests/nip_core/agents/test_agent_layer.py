@@ -204,7 +204,7 @@ def test_new_architecture_trains_one_iteration(tmp_path, shared):
         body.register_forward_hook(lambda module, args, out: calls.append(module))
     before = {id(p): p.detach().clone() for b in bodies for p in b.parameters()}
 
-    trainer = VanillaPpoTrainer(hp, settings, run=RunStore(str(tmp_path)).open_run("custom", hp),
+    trainer = VanillaPpoTrainer(hp, settings=settings, run=RunStore(str(tmp_path)).open_run("custom", hp),
                                 scenario_instance=instance)
     assert trainer.agents is combined
     trainer.run_iterations(0, 1)

@@ -43,8 +43,8 @@ def test_card_of_a_real_gi_run_matches_the_run_store(gi_run):
         "gi-card", "completed", "graph_isomorphism", "vanilla_ppo", "nip", "test")
     assert (card.iterations_done, card.iterations_planned) == (4, 4)
     assert len(train) == 4 and len(test) == 1
-    assert (card.final_train_accuracy, card.final_train_iteration) == (train[-1]["mean_accuracy"], 3)
-    assert (card.final_test_accuracy, card.final_test_iteration) == (test[-1]["test_mean_accuracy"], 4)
+    assert (card.final_train_accuracy, card.final_train_iteration) == (train[-1]["mean_decided_accuracy"], 3)
+    assert (card.final_test_accuracy, card.final_test_iteration) == (test[-1]["test_mean_decided_accuracy"], 4)
     assert card.text_run is False and card.fine_tune_jobs is None and card.trained_tokens is None
     assert card.run_store == str(tmp / "gi-card")
     assert card.report == str(tmp / "gi-card" / "report" / "summary.md") and card.report_written is False

@@ -38,7 +38,7 @@ def make_trainer(hp, tmp_path, run_id="r", **settings_kw):
 
     settings = settings_for(tmp_path, run_id=run_id, **settings_kw)
     run = RunStore(str(tmp_path)).open_run(run_id, hp)
-    return VanillaPpoTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings))
+    return VanillaPpoTrainer(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings))
 
 
 def params_of(trainer):

@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 
-from nip_core.trainers import checkpoint_files, tensordict_rl
+from nip_core.trainers import checkpoint_files, tensordict_checkpoints, tensordict_rl
 from nip_core.trainers.checkpoint_files import read_checkpoint
 from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, tiny_params
 
@@ -158,6 +158,6 @@ def test_extra_cuda_devices_of_the_writer_are_dropped(tmp_path, fake_cuda, monke
 def test_to_cpu_keeps_the_structure():
     state = {"generator": torch.ones(3, dtype=torch.uint8), "cycler": {"perm": torch.arange(4), "pos": 2},
              "list": [torch.zeros(1)], "tuple": (1, "x")}
-    moved = tensordict_rl._to_cpu(state)
+    moved = tensordict_checkpoints._to_cpu(state)
     assert moved["cycler"]["pos"] == 2 and moved["tuple"] == (1, "x") and isinstance(moved["list"], list)
     assert torch.equal(moved["cycler"]["perm"], torch.arange(4))

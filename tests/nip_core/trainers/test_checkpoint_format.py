@@ -168,7 +168,7 @@ def test_old_pickled_solo_checkpoint_resumes_bit_identically(tmp_path):
         hp = tiny_params("solo_agent", solo_agent=dict(num_epochs=3, batch_size=8))
         settings = settings_for(root, run_id="solo", checkpoint_every=1)
         run = RunStore(str(root)).open_run("solo", hp)
-        return SoloAgentTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings, "solo_agent"))
+        return SoloAgentTrainer(hp, tiny_scenario(hp, settings, "solo_agent"), settings, run=run)
 
     straight = solo(tmp_path / "a")
     straight.train()

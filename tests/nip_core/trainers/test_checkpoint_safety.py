@@ -66,7 +66,7 @@ def test_solo_agent_trainer_refuses_a_pickle_that_runs_code(tmp_path):
     hp = tiny_params("solo_agent", solo_agent=dict(num_epochs=4, batch_size=8))
     settings = settings_for(tmp_path / "runs", run_id="solo")
     run = RunStore(str(tmp_path / "runs")).open_run("solo", hp)
-    trainer = SoloAgentTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings, "solo_agent"))
+    trainer = SoloAgentTrainer(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings, "solo_agent"))
     run.save_checkpoint_bytes("iter_000001", malicious_checkpoint(marker, 1), iteration=1)
     with pytest.raises(Exception) as info:
         trainer.train()

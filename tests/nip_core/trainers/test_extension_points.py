@@ -12,6 +12,7 @@ from torchrl.objectives.value import GAE
 
 from nip_core.agents.distributions import joint_log_prob_and_entropy
 from nip_core.runs import RunStore
+from nip_core.trainers.progress import attach_progress_bar
 from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
 from tests.nip_core.trainers.gi_helpers import params_of, settings_for, tiny_params, tiny_scenario
 
@@ -73,11 +74,11 @@ class GuideLossTrainer(VanillaPpoTrainer):
         return loss, loss.value_estimator
 
 
-def build(cls, tmp_path, **rl):
-    hp = tiny_params(rl={"num_iterations": 1, **rl})
+def build(cls, tmp_path, top=None, **rl):
+    hp = tiny_params(rl={"num_iterations": 1, **rl}, **(top or {}))
     settings = settings_for(tmp_path, run_id="r")
     run = RunStore(str(tmp_path)).open_run("r", hp)
-    return cls(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings))
+    return cls(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings))
 
 
 def test_a_plain_torchrl_loss_without_backward_trains(tmp_path):
@@ -92,7 +93,8 @@ def test_a_plain_torchrl_loss_without_backward_trains(tmp_path):
     assert {"loss_objective", "loss_critic", "entropy"} <= set(row)  # the mean loss entries are logged
 
 
-POINTS = ("_get_loss_module_and_gae", "_get_optimizer_and_param_freezer", "_get_data_collectors",
+POINTS = ("_add_normalization_transforms", "_build_operators", "_get_loss_module_and_gae",
+          "_get_optimizer_and_param_freezer", "_get_data_collectors",
           "_get_replay_buffer", "_build_train_context", "_build_test_context", "_run_train_loop",
           "_run_test_loop", "_train_on_replay_buffer", "_get_log_stats")
 
@@ -114,7 +116,8 @@ class RecordingTrainer(VanillaPpoTrainer):
 
 def test_the_default_loop_calls_every_extension_point(tmp_path):
     trainer = build(RecordingTrainer, tmp_path, num_iterations=2, num_test_iterations=1)
-    assert trainer.calls == ["_get_loss_module_and_gae", "_get_optimizer_and_param_freezer", "_get_data_collectors"]
+    assert trainer.calls == ["_add_normalization_transforms", "_build_operators", "_get_loss_module_and_gae",
+                             "_get_optimizer_and_param_freezer", "_get_data_collectors"]
     trainer.calls.clear()
     trainer.train()
     per_iteration = ["_get_replay_buffer", "_train_on_replay_buffer", "_get_log_stats"]
@@ -141,9 +144,9 @@ class Overriding(VanillaPpoTrainer):
         self.eval_mode_in_test = not self.agents.training
         return contexts
 
-    def _train_on_replay_buffer(self, replay_buffer, active):
-        self.buffer_sizes = getattr(self, "buffer_sizes", []) + [len(replay_buffer)]
-        return super()._train_on_replay_buffer(replay_buffer, active)
+    def _train_on_replay_buffer(self):  # nip's signature: the buffer is self.replay_buffer
+        self.buffer_sizes = getattr(self, "buffer_sizes", []) + [len(self.replay_buffer)]
+        return super()._train_on_replay_buffer()
 
 
 def test_overrides_take_effect(tmp_path):
@@ -166,3 +169,81 @@ def test_the_replay_buffer_hands_minibatches_on_the_trainers_device(tmp_path):
     buffer = trainer._get_replay_buffer()
     buffer.extend(TensorDict({"obs": torch.zeros(32, 3)}, batch_size=[32]))
     assert buffer.sample()["obs"].device.type == "meta"
+
+
+class GuideLoops(VanillaPpoTrainer):
+    """The loops overridden with the guide's signatures: ``(self, iteration_context)``."""
+
+    @attach_progress_bar(lambda self: self.hyper_params.rl.num_iterations)
+    def _run_train_loop(self, iteration_context):
+        iteration_context.set_description("Training")
+        self.train_contexts = getattr(self, "train_contexts", []) + [(iteration_context.total,
+                                                                      self._memory_iteration)]
+        return super()._run_train_loop(iteration_context=iteration_context)
+
+    @attach_progress_bar(lambda self: self.hyper_params.rl.num_test_iterations)
+    def _run_test_loop(self, iteration_context):
+        iteration_context.set_description("Testing")
+        self.test_contexts = getattr(self, "test_contexts", []) + [iteration_context.total]
+        return super()._run_test_loop(iteration_context=iteration_context)
+
+
+def test_loops_overridden_with_the_guides_signature_run_in_train_and_in_iteration_ranges(tmp_path):
+    trainer = build(GuideLoops, tmp_path, num_iterations=3, num_test_iterations=1)
+    trainer.run_iterations(0, 2)  # the range an RL block trains
+    assert trainer._memory_iteration == 2 and trainer.train_contexts == [(3, 0)]
+    trainer.train()  # resumes at iteration 2, then tests
+    assert trainer._memory_iteration == 3 and trainer.train_contexts == [(3, 0), (3, 2)]
+    assert trainer.test_contexts == [1]
+    assert [r["iteration"] for r in trainer.run.read_metrics() if r["kind"] == "train"] == [0, 1, 2]
+
+
+class NipMethods(VanillaPpoTrainer):
+    """nip's ``_train_and_test``, ``_pretrain_agents`` and ``_get_metadata``, overridden."""
+
+    def _train_and_test(self):
+        self.order = getattr(self, "order", []) + ["train_and_test"]
+        super()._train_and_test()
+
+    def _pretrain_agents(self):
+        self.order = getattr(self, "order", []) + ["pretrain"]
+        super()._pretrain_agents()
+
+    def _get_metadata(self):
+        return {**super()._get_metadata(), "lab": "nip"}
+
+
+def test_nips_train_and_test_pretrain_and_metadata_hooks_are_used(tmp_path):
+    trainer = build(NipMethods, tmp_path, top={"pretrain_agents": True}, num_iterations=1, num_test_iterations=1)
+    assert (trainer.num_agents, trainer.max_message_rounds) == (2, trainer.protocol_handler.max_message_rounds)
+    trainer.train()
+    assert trainer.order == ["train_and_test", "pretrain"]
+    assert [r["kind"] for r in trainer.run.read_metrics()] == ["pretrain", "train", "test"]
+    manifest = trainer.run.read_json("checkpoints/iter_000001.json")
+    assert manifest["metadata"]["lab"] == "nip" and manifest["metadata"]["package_name"] == "nipflow"
+    assert manifest["metadata"]["git_sha"] is None or len(manifest["metadata"]["git_sha"]) == 40
+
+
+class TorchRLCollectors(VanillaPpoTrainer):
+    """``_get_data_collectors`` returning TorchRL's own collectors, as nip's trainers do."""
+
+    def _get_data_collectors(self):
+        from torchrl.collectors import Collector
+
+        self.made = [Collector(env, self.policy_operator, frames_per_batch=self.frames_per_batch, total_frames=-1,
+                               auto_register_policy_transforms=False)
+                     for env in (self.train_env, self.test_env)]
+        return tuple(self.made)
+
+
+def test_torchrl_collectors_returned_by_an_override_collect_the_batches(tmp_path):
+    trainer = build(TorchRLCollectors, tmp_path, num_iterations=2, num_test_iterations=1)
+    assert [c.collector for c in (trainer.train_collector, trainer.test_collector)] == trainer.made
+    trainer.train()
+    rows = trainer.run.read_metrics()
+    assert [r["kind"] for r in rows] == ["train", "train", "test"]
+    assert all(r["num_episodes"] >= 0 and "verifier.mean_step_reward" in r for r in rows[:2])
+    # the TorchRL collectors ran: their frame counters moved (two train batches, one test batch)
+    assert [c._frames for c in trainer.made] == [2 * trainer.frames_per_batch, trainer.frames_per_batch]
+    assert trainer.run.exists("checkpoints/iter_000002.json")
+    trainer.close()

@@ -42,6 +42,7 @@ THRESHOLD = 0.65  # held-out accuracy after ITERATIONS iterations
 RISE = 0.12  # mean train accuracy, last 10 iterations minus first 10
 
 
+@pytest.mark.long(320)
 @pytest.mark.slow
 def test_nip_verifier_beats_chance_on_weisfeiler_lehman_matched_data(tmp_path, one_thread):
     hp = make_params(params_file=CONFIG, overrides=[f"rl.num_iterations={ITERATIONS}"])
@@ -53,14 +54,16 @@ def test_nip_verifier_beats_chance_on_weisfeiler_lehman_matched_data(tmp_path, o
         rows = trainer.run.read_metrics()
     finally:
         trainer.close()
-    train = [r["mean_accuracy"] for r in rows if r.get("kind", "train") == "train" and "mean_accuracy" in r]
+    # accuracy with time-outs wrong (docs/behaviour.md#b15), as the thresholds were calibrated
+    train = [r["mean_decided_accuracy"] for r in rows
+             if r.get("kind", "train") == "train" and "mean_decided_accuracy" in r]
     test = [r for r in rows if r.get("kind") == "test"]
     assert len(train) == ITERATIONS and test
     final = test[-1]
     assert final["test_num_episodes"] > 800
-    print(f"wl-small nip: test accuracy {final['test_mean_accuracy']:.4f} over {final['test_num_episodes']:.0f} "
+    print(f"wl-small nip: test accuracy {final['test_mean_decided_accuracy']:.4f} over {final['test_num_episodes']:.0f} "
           f"episodes; train accuracy first 10 its {sum(train[:10]) / 10:.4f}, last 10 {sum(train[-10:]) / 10:.4f}")
-    assert final["test_mean_accuracy"] >= THRESHOLD
+    assert final["test_mean_decided_accuracy"] >= THRESHOLD
     # The learning curve rises: the last 10 iterations' train accuracy is above the first 10's.
     first, last = sum(train[:10]) / 10, sum(train[-10:]) / 10
     assert last >= first + RISE, (first, last)

@@ -33,7 +33,7 @@ def build(tmp_path, name="vanilla_ppo", trainer_class=None, **rl):
     trainer_name = {VanillaPpoTrainer: "vanilla_ppo", ReinforceTrainer: "reinforce", SpgTrainer: "spg"}[cls]
     hp = tiny_params(trainer_name, rl=dict(num_iterations=2, gamma=0.95, lmbda=0.95, **rl), **overrides)
     settings = settings_for(tmp_path)
-    return (trainer_class or cls)(hp, settings, scenario_instance=tiny_scenario(hp, settings))
+    return (trainer_class or cls)(hp, settings=settings, scenario_instance=tiny_scenario(hp, settings))
 
 
 def collected_batch(trainer):
@@ -157,7 +157,7 @@ def test_a_custom_loss_module_drops_into_the_trainer(tmp_path):
     stats = trainer._train_iteration(0)
     hp = trainer.hyper_params.rl
     assert trainer.loss_module.backward_calls == hp.num_epochs * (hp.frames_per_batch // hp.minibatch_size) == 4
-    assert {"loss_actor", "loss_critic", "agents.loss_actor"} <= set(stats)
+    assert {"loss_actor", "loss_critic", "prover.loss_actor", "verifier.loss_actor"} <= set(stats)
     assert "loss_objective" not in stats
     after = trainer.agents.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in after if "value" in k)

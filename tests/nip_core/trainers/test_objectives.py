@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensordict import TensorDict
 
 from nip_core.parameters import HyperParameters
 from nip_core.trainers.objectives.common import make_gae, normalized_advantage
 from nip_core.trainers.objectives.ppo import ClipPpoLoss, KlPenaltyPpoLoss
+from nip_core.trainers.objectives.reinforce import ReinforceLoss
 
 
 def hp(**kw):
@@ -64,3 +66,33 @@ def test_clip_objective_and_kl_coefficient_adaptation():
     log_weight = torch.tensor([[-0.5, 0.0], [-0.5, 0.0]])  # KL_a = 0.5 (> 1.5 target), KL_b = 0 (< target/1.5)
     kl.objective(log_weight.exp(), log_weight, torch.zeros(2, 2))
     assert kl.beta.tolist() == [2.0, 0.5]
+
+
+ENTROPY = torch.tensor([[1.0, 2.0], [3.0, 6.0]])  # (batch, agent): per-agent means 2 and 4
+
+
+class _FixedPpo(ClipPpoLoss):
+    def log_weight_and_entropy(self, td, logits=None):
+        return torch.zeros(2, 2), torch.tensor([[-0.5, 0.0], [-0.5, 0.2]]), ENTROPY
+
+    def advantage(self, td):
+        return torch.ones(2, 2)
+
+
+class _FixedReinforce(ReinforceLoss):
+    def log_prob_and_entropy(self, td, logits=None):
+        return torch.zeros(2, 2), ENTROPY
+
+
+def test_logged_entropy_and_kl_are_nips_sum_over_agents_and_mean_over_agents():
+    params = hp(ppo=dict(entropy_eps=0.5))
+    ppo = _FixedPpo(_Agents(), params, "node_selected", use_critic=False)(TensorDict({}, batch_size=[]))
+    assert float(ppo["entropy"]) == 6.0  # nip: sum_a mean_b H (a mean over agents would be 3.0)
+    assert torch.allclose(ppo["agents", "loss_entropy"], torch.tensor([-1.0, -2.0]))
+    assert float(ppo["loss_entropy"]) == -3.0
+    # nip: kl = -log_weight.mean(0) per agent (0.5, -0.1), logged as its mean over agents
+    assert float(ppo["kl_divergence"]) == pytest.approx(0.2)
+    td = TensorDict({"agents": TensorDict({"reward_to_go": torch.zeros(2, 2, 1)}, batch_size=(2, 2))},
+                    batch_size=(2,))
+    reinforce = _FixedReinforce(_Agents(), params, "node_selected", use_critic=False)
+    assert float(reinforce(td)["entropy"]) == 6.0

@@ -37,7 +37,7 @@ def make(tmp_path, run_id="r", pretrain_agents=True, cls=Recording, **rl):
     hp = tiny_params(pretrain_agents=pretrain_agents, solo_agent=SOLO, rl=dict(num_iterations=2, **rl))
     settings = settings_for(tmp_path, run_id=run_id)
     run = RunStore(str(tmp_path)).open_run(run_id, hp)
-    return cls(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings, n=64))
+    return cls(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings, n=64))
 
 
 def test_pretraining_trains_the_bodies_before_iteration_0_and_learns_the_labels(tmp_path):

@@ -46,7 +46,7 @@ class VerifierOnlyEi(PureTextEiTrainer):
 def test_overriding_the_create_hook_changes_which_jobs_are_created_and_the_run_proceeds(tmp_path, server):
     hp = params()
     st = settings(tmp_path, server.base_url, "verifier-only")
-    t = VerifierOnlyEi(hp, st, run=RunStore(st.runs_dir).open_run("verifier-only", hp))
+    t = VerifierOnlyEi(hp, settings=st, run=RunStore(st.runs_dir).open_run("verifier-only", hp))
     assert isinstance(t, StagedTrainer) and isinstance(t, RecoverableStagedTrainer)
     assert not isinstance(t, IterationTrainer)
     summaries = []

@@ -140,3 +140,38 @@ def test_a_model_the_api_cannot_fine_tune_fails_before_any_rollout(tmp_path, ser
     with pytest.raises(ModelNotFineTunableError, match="no-such-model.*supervised"):
         t.run_stage("sample_rollouts")
     assert not t.run.exists("rollouts/0.json") and t.next_stage() == (0, "sample_rollouts")
+
+
+@pytest.mark.e2e
+def test_overridden_sample_rollouts_and_get_log_stats_serve_training_and_testing(tmp_path, server, monkeypatch):
+    """nip's guide: sampling is customised by overriding ``_sample_rollouts`` ("this also
+    affects the test loop"), logging by overriding ``_get_log_stats``."""
+    from nip_core.trainers import registry
+    from nip_core.trainers.pure_text_ei import PureTextEiTrainer
+
+    calls, sampled = [], []
+
+    class CountingEi(PureTextEiTrainer):
+        def _sample_rollouts(self, environment, iteration, use_tqdm=False, tqdm_desc="Sampling rollouts"):
+            env = {id(self.scenario.train_environment): "train", id(self.scenario.test_environment): "test"}
+            sampled.append((env[id(environment)], iteration))
+            return super()._sample_rollouts(environment, iteration, use_tqdm, tqdm_desc)
+
+        def _get_log_stats(self, rollouts, *, train=True):
+            stats = super()._get_log_stats(rollouts, train=train)
+            calls.append(train)
+            stats["custom.rollouts"] = float(len(rollouts))
+            return stats
+
+    looked_up = registry.get_trainer_class
+    monkeypatch.setattr(registry, "get_trainer_class",
+                        lambda name: CountingEi if name == "pure_text_ei" else looked_up(name))
+    hp = params(tmp_path, rl={"num_iterations": 1, "rollouts_per_iteration": 8, "num_test_iterations": 1},
+                text_rl={"test_scheme": "last", "verifier_guess_replacement_proportion": 0.5})
+    t = build_trainer(hp, settings(tmp_path, server.base_url, "custom-stats"))
+    assert type(t) is CountingEi
+    t.train()
+    rows = t.run.read_metrics()
+    assert sampled == [("train", 0), ("test", "test")] and calls == [True, False]
+    assert [(r["kind"], r["custom.rollouts"]) for r in rows] == [("train", 8.0), ("test", 4.0)]
+    assert "mean_accuracy" in rows[0] and "test_mean_accuracy" in rows[1]

@@ -145,11 +145,13 @@ def kill_resume_and_compare(tmp_path: Path, trainer: str, kill_points: list[str]
     return keys
 
 
+@pytest.mark.long(110)
 def test_sigkill_in_every_stage_then_resume_matches_an_uninterrupted_run(tmp_path):
     keys = kill_resume_and_compare(tmp_path, "pure_text_ei", KILL_POINTS)
     assert keys == [("0", "prover"), ("0", "verifier")]
 
 
+@pytest.mark.long(95)
 def test_malt_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
     keys = kill_resume_and_compare(tmp_path, "pure_text_malt", MALT_KILL_POINTS)
     assert ("0", "verifier") in keys and all(it == "0" for it, _ in keys)

@@ -70,7 +70,7 @@ def test_a_new_actor_critic_trainer_is_accepted_and_built_with_value_heads(tmp_p
         assert instance.extras["use_critic"] is critic
         assert sorted(agents.value_head) == (["prover", "verifier"] if critic else [])
         assert (instance.combined_value_head is agents) is critic
-        trainer = TRAINER_REGISTRY[name](hp, settings, scenario_instance=instance)
+        trainer = TRAINER_REGISTRY[name](hp, settings=settings, scenario_instance=instance)
         assert trainer.use_critic is critic
 
 
@@ -142,3 +142,56 @@ def test_a_guide_style_registration_needs_only_the_decorator(registered):
     assert (trainer_kind("guide_td"), trainer_kind("guide_text")) == ("tensordict", "pure_text")
     base = {"scenario": "graph_isomorphism", "dataset": "t"}
     assert trainer_uses_critic(HyperParameters.from_dict({**base, "trainer": "guide_td"})) is True
+
+
+def test_each_built_in_module_registers_what_the_catalogue_states():
+    """The registry answers for a built-in trainer from ``built_ins`` until it is imported."""
+    import nip_core.trainers.catalogue  # noqa: F401  (imports, and so registers, every built-in)
+    from nip_core.trainers.built_ins import BUILT_IN_TRAINERS
+    from nip_core.trainers.registry import _SPECS
+
+    assert sorted(BUILT_IN_TRAINERS) == BUILT_INS
+    for name, stated in BUILT_IN_TRAINERS.items():
+        spec = _SPECS[name]
+        assert (spec.kind, spec.needs_critic, spec.critic_switch) == (stated.kind, stated.needs_critic,
+                                                                        stated.critic_switch), name
+        assert spec.class_name.startswith(stated.module + "."), name
+
+
+VALIDATE_WITHOUT_TORCH = """
+import json, sys
+from flows.cli import main
+try:
+    main(["params", "validate", sys.argv[1]])
+except SystemExit as e:
+    code = e.code
+else:
+    code = 0
+print("RESULT " + json.dumps({"code": code, "torch": "torch" in sys.modules,
+                              "trainers": sorted(m for m in sys.modules if m.startswith("nip_core.trainers."))}))
+"""
+
+
+@pytest.mark.parametrize("trainer", ["vanilla_ppo", "pure_text_ei"])
+def test_params_validate_imports_neither_torch_nor_a_trainer(tmp_path, trainer):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    scenario = "code_validation" if trainer.startswith("pure_text") else "graph_isomorphism"
+    path = tmp_path / "params.json"
+    path.write_text(json.dumps({"scenario": scenario, "trainer": trainer, "dataset": "test"}))
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", VALIDATE_WITHOUT_TORCH, str(path)], cwd=repo,
+                          capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stdout + done.stderr
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["code"] in (0, None) and "valid" in done.stdout, done.stdout + done.stderr
+    assert result["torch"] is False
+    from nip_core.trainers.built_ins import BUILT_IN_TRAINERS
+
+    trainers = {t.module for t in BUILT_IN_TRAINERS.values()} | {
+        f"nip_core.trainers.{m}" for m in ("base", "tensordict_base", "tensordict_rl", "pure_text_base", "catalogue")}
+    assert "nip_core.trainers.registry" in result["trainers"] and not trainers & set(result["trainers"])

@@ -25,7 +25,7 @@ def test_reinforce_trains_and_resumes(tmp_path, critic):
     def make(path):
         settings = settings_for(path, run_id="r")
         run = RunStore(str(path)).open_run("r", hp)
-        return ReinforceTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings))
+        return ReinforceTrainer(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings))
 
     straight = make(tmp_path / "a")
     assert (straight.value_operator is not None) == critic

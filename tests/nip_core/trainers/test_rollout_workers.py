@@ -22,7 +22,7 @@ def build(tmp_path, workers, shards=1, run_id="r"):
     hp = tiny_params(rl={"num_iterations": 2, "collection_shards": shards})
     settings = settings_for(tmp_path, run_id=run_id, num_rollout_workers=workers)
     run = RunStore(str(tmp_path)).open_run(run_id, hp)
-    return VanillaPpoTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings))
+    return VanillaPpoTrainer(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings))
 
 
 def train(trainer, start=0, stop=2):

@@ -28,7 +28,7 @@ def test_smoke(tmp_path, case):
     trainer_name, overrides = CASES[case]
     hp = tiny_params(trainer_name, **overrides)
     settings = settings_for(tmp_path)
-    trainer = get_trainer_class(trainer_name)(hp, settings, scenario_instance=tiny_scenario(hp, settings))
+    trainer = get_trainer_class(trainer_name)(hp, settings=settings, scenario_instance=tiny_scenario(hp, settings))
     before = {k: v.clone() for k, v in trainer.agents.state_dict().items()}
     trainer.run_iterations(0, 2)
     stats = trainer.test()

@@ -12,7 +12,7 @@ from tests.nip_core.trainers.gi_helpers import settings_for, tiny_params, tiny_s
 def test_solo_trainer_updates_bodies_and_heads(tmp_path):
     hp = tiny_params("solo_agent", solo_agent=dict(num_epochs=2, batch_size=8))
     settings = settings_for(tmp_path)
-    trainer = SoloAgentTrainer(hp, settings, scenario_instance=tiny_scenario(hp, settings, "solo_agent"))
+    trainer = SoloAgentTrainer(hp, settings=settings, scenario_instance=tiny_scenario(hp, settings, "solo_agent"))
     optimised = {id(p) for opt in trainer.optimizers.values() for g in opt.param_groups for p in g["params"]}
     assert optimised == {id(p) for p in trainer.agents.parameters()}  # bodies included
     before = {k: v.clone() for k, v in trainer.agents.state_dict().items()}
@@ -33,7 +33,7 @@ def solo_trainer(tmp_path, run_id, epochs=4, **settings_kw):
     hp = tiny_params("solo_agent", solo_agent=dict(num_epochs=epochs, batch_size=8))
     settings = settings_for(tmp_path, run_id=run_id, **settings_kw)
     run = RunStore(str(tmp_path)).open_run(run_id, hp)
-    return SoloAgentTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings, "solo_agent"))
+    return SoloAgentTrainer(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings, "solo_agent"))
 
 
 def weights(trainer):

@@ -18,7 +18,7 @@ def make(tmp_path, variant, run_id=None, **rl):
     hp = tiny_params("spg", spg=dict(variant=variant, ihvp_rank=3), rl={"num_iterations": 2, **rl})
     settings = settings_for(tmp_path, run_id=run_id)
     run = RunStore(str(tmp_path)).open_run(run_id, hp) if run_id else None
-    return SpgTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings))
+    return SpgTrainer(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings))
 
 
 def leader_grads(trainer, shaped: bool):

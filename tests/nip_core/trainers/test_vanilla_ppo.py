@@ -109,7 +109,7 @@ def test_every_loss_module_parameter_is_optimised(tmp_path, trainer_name, shared
 
     hp = tiny_params(trainer_name, rl=dict(use_shared_body=shared))
     settings = settings_for(tmp_path)
-    trainer = get_trainer_class(trainer_name)(hp, settings, scenario_instance=tiny_scenario(hp, settings))
+    trainer = get_trainer_class(trainer_name)(hp, settings=settings, scenario_instance=tiny_scenario(hp, settings))
     in_optimizer = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
     loss_params = {id(p) for p in trainer.loss_module.parameters()}
     assert loss_params == in_optimizer

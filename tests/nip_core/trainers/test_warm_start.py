@@ -29,7 +29,7 @@ FIRST_ITERATIONS = 3
 def make_trainer(hp, runs_dir, run_id):
     settings = settings_for(runs_dir, run_id=run_id)
     run = RunStore(str(runs_dir)).open_run(run_id, hp)
-    return VanillaPpoTrainer(hp, settings, run=run, scenario_instance=tiny_scenario(hp, settings))
+    return VanillaPpoTrainer(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings))
 
 
 def weights(trainer):
@@ -176,11 +176,11 @@ def test_warm_started_ei_trainer_samples_with_the_previous_fine_tuned_models(tmp
     # The first sampling uses them (models/iter_0.json records what iteration 0 samples with).
     used = {}
 
-    def fake_sampling(iteration):
+    def fake_sampling(environment, iteration, use_tqdm=False, tqdm_desc=""):
         used.update({name: g.model_name for name, g in second.groups.items()})
-        return [], 0
+        return []
 
-    second.sample_train_rollouts = fake_sampling
+    second._sample_rollouts = fake_sampling
     second.check_models_fine_tunable = lambda: None  # no API server here (sampling is faked too)
     assert second.run_stage("sample_rollouts")["next_stage"] == "log_stats"
     assert used == final
