@@ -15,6 +15,7 @@ cancelled is retried as a new attempt up to ``text_rl.fine_tune_max_attempts`` t
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from pydantic import BaseModel
@@ -48,6 +49,21 @@ def _error_repr(err: Any) -> str:
     if getattr(err, "param", None):
         out += f" Parameter: {err.param}."
     return out
+
+
+@dataclass(frozen=True)
+class FineTuneBinding:
+    """What nip's rollout-form fine-tune methods of a group need from the trainer that owns it.
+
+    ``submit(group, examples, method, job_name)`` creates (or adopts) the group's job of the
+    trainer's current iteration and saves the trainer state; ``sft_examples(agent, rollouts,
+    replace_guess)`` and ``dpo_example(agent, timestep, preferred, non_preferred)`` turn
+    rollouts into the API's examples (prompts are the scenario's, which this layer does not know).
+    """
+
+    submit: Callable[[str, list[dict[str, Any]], str, "str | None"], str]
+    sft_examples: Callable[[str, list[Any], bool], list[dict[str, Any]]]
+    dpo_example: Callable[[str, Any, Any, Any], dict[str, Any]]
 
 
 class PureTextSharedModelGroupState(BaseModel):
@@ -148,6 +164,7 @@ class PureTextSharedModelGroup:
         self.params = params
         self._client = client_factory
         self.state = PureTextSharedModelGroupState()
+        self.binding: FineTuneBinding | None = None
 
     @property
     def model_name(self) -> str:
@@ -162,19 +179,88 @@ class PureTextSharedModelGroup:
     def _record_path(self, iteration: int) -> str:
         return f"fine_tune/iter_{iteration}_{self.group_name}.json"
 
-    def create_supervised_fine_tune_job(self, examples: list[dict[str, Any]], *, run: Any, run_id: str,
-                                        iteration: int, seed: int | None = None) -> str:
-        """Create (or adopt) the SFT job of this group for ``iteration``; return its id.
+    def bind(self, binding: "FineTuneBinding") -> None:
+        """Attach the trainer that owns this group (nip's rollout-form methods need it)."""
+        self.binding = binding
 
-        ``examples`` are ``{"messages": [...]}`` chat examples; ``seed`` is passed to the
-        job so that a rerun trains the same model.
+    def _bound(self, method: str) -> "FineTuneBinding":
+        binding = self.binding
+        if binding is None:
+            raise RuntimeError(f"group {self.group_name}: {method} takes rollouts, which needs the trainer that "
+                               "owns the group (PureTextRlTrainer binds its groups); without one, use "
+                               "create_job_from_examples")
+        return binding
+
+    def _members(self, per_agent: dict[str, Any], argument: str) -> dict[str, list[Any]]:
+        strangers = sorted(set(per_agent) - set(self.agent_names))
+        if strangers:
+            raise ValueError(f"{argument}: {', '.join(strangers)} not in group {self.group_name} "
+                             f"({', '.join(self.agent_names)})")
+        return {agent: list(items) for agent, items in per_agent.items()}
+
+    def create_supervised_fine_tune_job(self, rollouts_per_agent: dict[str, Any],
+                                        guess_replaced_rollouts: dict[str, Any] | None = None,
+                                        job_name: str | None = None) -> str:
+        """Create (or adopt) the group's supervised job of the current iteration from rollouts (nip's form).
+
+        Parameters
+        ----------
+        rollouts_per_agent
+            Member agent -> its rollouts to learn from (a list of rollouts, each a
+            ``NestedArrayDict``; nip passes one batch): each gives one chat example, the
+            whole rollout up to the agent's last reply.
+        guess_replaced_rollouts
+            Verifier -> rollouts whose decision is replaced by the true label's.
+        job_name
+            The job's suffix (default: :meth:`PureTextRlTrainer._get_fine_tune_job_name`).
+
+        Returns the job id (also in ``state.fine_tune_job_id``; the trainer state is saved).
         """
-        return self._create_job(examples, "supervised", run=run, run_id=run_id, iteration=iteration, seed=seed)
+        binding = self._bound("create_supervised_fine_tune_job")
+        examples = []
+        for agent, rollouts in self._members(rollouts_per_agent, "rollouts_per_agent").items():
+            examples += binding.sft_examples(agent, rollouts, False)
+        for agent, rollouts in self._members(guess_replaced_rollouts or {}, "guess_replaced_rollouts").items():
+            examples += binding.sft_examples(agent, rollouts, True)
+        return binding.submit(self.group_name, examples, "supervised", job_name)
 
-    def create_dpo_fine_tune_job(self, examples: list[dict[str, Any]], *, run: Any, run_id: str,
-                                 iteration: int, seed: int | None = None) -> str:
-        """Create (or adopt) the DPO job; ``examples`` hold ``input``/``preferred_output``/``non_preferred_output``."""
-        return self._create_job(examples, "dpo", run=run, run_id=run_id, iteration=iteration, seed=seed)
+    def create_dpo_fine_tune_job(self, timesteps_per_agent: dict[str, Any],
+                                 positive_examples_per_agent: dict[str, Any],
+                                 negative_examples_per_agent: dict[str, Any], job_name: str | None = None) -> str:
+        """Create (or adopt) the group's DPO job of the current iteration from timesteps (nip's form).
+
+        ``timesteps_per_agent[agent][k]`` is an episode state at which ``agent`` replied;
+        ``positive_examples_per_agent[agent][k]`` and ``negative_examples_per_agent[agent][k]``
+        the preferred and the other reply there: the reply text, or the next timestep (a
+        ``NestedArrayDict`` whose ``agents.raw_message`` holds it), as nip passes them.
+        """
+        binding = self._bound("create_dpo_fine_tune_job")
+        timesteps = self._members(timesteps_per_agent, "timesteps_per_agent")
+        positive = self._members(positive_examples_per_agent, "positive_examples_per_agent")
+        negative = self._members(negative_examples_per_agent, "negative_examples_per_agent")
+        examples = []
+        for agent, states in timesteps.items():
+            good, bad = positive.get(agent, []), negative.get(agent, [])
+            if not len(states) == len(good) == len(bad):
+                raise ValueError(f"agent {agent}: {len(states)} timesteps, {len(good)} positive and {len(bad)} "
+                                 "negative examples; one of each per timestep")
+            examples += [binding.dpo_example(agent, s, g, b) for s, g, b in zip(states, good, bad)]
+        return binding.submit(self.group_name, examples, "dpo", job_name)
+
+    def create_job_from_examples(self, examples: list[dict[str, Any]], method: str = "supervised", *, run: Any,
+                                 run_id: str, iteration: int, seed: int | None = None,
+                                 job_name: str | None = None) -> str:
+        """Create (or adopt) the job of ``iteration`` from ready examples; return its id.
+
+        ``examples`` are ``{"messages": [...]}`` chats (``method="supervised"``) or
+        ``input``/``preferred_output``/``non_preferred_output`` pairs (``"dpo"``); ``seed`` is
+        passed to the job so that a rerun trains the same model; ``job_name`` is its suffix
+        (default ``{run_id}_iter_{iteration}_{group}``).
+        """
+        if method not in ("supervised", "dpo"):
+            raise ValueError(f"method: 'supervised' or 'dpo', got {method!r}")
+        return self._create_job(examples, method, run=run, run_id=run_id, iteration=iteration, seed=seed,
+                                job_name=job_name)
 
     def job_metadata(self, run: Any, run_id: str, iteration: int, attempt: int) -> dict[str, str]:
         """What identifies the job of one intent: the run *incarnation*, iteration, group, attempt.
@@ -187,7 +273,7 @@ class PureTextSharedModelGroup:
                 "nipflow_attempt": str(attempt)}
 
     def _create_job(self, examples: list[dict[str, Any]], method: str, *, run: Any, run_id: str,
-                    iteration: int, seed: int | None = None) -> str:
+                    iteration: int, seed: int | None = None, job_name: str | None = None) -> str:
         if self.frozen:
             self.state.fine_tune_job_id = FROZEN_JOB_ID
             return FROZEN_JOB_ID
@@ -218,13 +304,16 @@ class PureTextSharedModelGroup:
             self._write_record(run, iteration, record)
         base = self.params.model_name if self.params.fine_tune_from_scratch else self.model_name
         record.update(method=method, seed=seed, base_model=base)
+        if job_name:
+            record["job_name"] = job_name
         return self._create_attempt(run, run_id, iteration, record, attempt=1)
 
     def _create_attempt(self, run: Any, run_id: str, iteration: int, record: dict[str, Any], attempt: int) -> str:
         """Create (exactly once) attempt ``attempt`` of the job described by ``record``."""
         if run is not None:
             run.check_lease()
-        suffix = f"{run_id}_iter_{iteration}_{self.group_name}"[-MAX_SUFFIX:].replace(":", "_")
+        name = record.get("job_name") or f"{run_id}_iter_{iteration}_{self.group_name}"
+        suffix = name[-MAX_SUFFIX:].replace(":", "_")
         extra = {"seed": record["seed"]} if record.get("seed") is not None else {}
         job, created, cancelled = remote.create_job_once(
             self._client(), self.job_metadata(run, run_id, iteration, attempt), model=record["base_model"],

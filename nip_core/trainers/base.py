@@ -72,6 +72,10 @@ class Trainer(ABC):
     # The parameters model the registry looks a ``critic_switch`` path up in.
     hyper_params_model: ClassVar[type[HyperParameters]] = HyperParameters
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        refuse_replaced_nip_members(cls)
+
     def __init__(self, hyper_params: HyperParameters, scenario_instance: Any = None,
                  settings: ExperimentSettings | None = None, *, run: Run | None = None,
                  hooks: TrainerHooks | None = None, stat_logger=None):
@@ -197,6 +201,31 @@ def refuse_settings_as_scenario(cls: type, scenario_instance: Any) -> None:
     if isinstance(scenario_instance, ExperimentSettings):
         raise TypeError(f"{cls.__name__}(hyper_params, scenario_instance, settings): the second argument is the "
                         f"scenario instance, as in nip (got the settings; pass settings=... or as the third)")
+
+
+_RUN_STORE = ("checkpoints live in the run store: self.run (RunStore(settings.runs_dir).open_run(run_id)) holds "
+              "hyper_params.json, state.json, metadata.json and checkpoints/iter_N.pt with its manifest")
+
+#: Members of nip's trainers that nipflow replaces (docs/behaviour.md#b42): a subclass that
+#: defines one would be silently ignored, so it is refused with the replacement's name.
+REPLACED_NIP_MEMBERS: dict[str, str] = {
+    "_add_file_to_wandb_artifact": "run-store files become W&B artifact versions through "
+                                   "log_run_artifact(prefix, artifact_type, rel_paths); override that",
+    "get_checkpoint_base_dir_from_run_id": _RUN_STORE,
+    "checkpoint_base_dir": _RUN_STORE,
+    "checkpoint_params_path": _RUN_STORE,
+    "checkpoint_state_path": _RUN_STORE,
+    "checkpoint_metadata_path": _RUN_STORE,
+    "PRETRAINED_MODEL_CACHE_PARAM_KEYS": "nipflow keeps no pretrained-model cache: pretrain_agents' result is the "
+                                         "run's iteration-0 checkpoint",
+}
+
+
+def refuse_replaced_nip_members(cls: type) -> None:
+    """Raise ``TypeError`` if ``cls`` defines a member of nip's trainers that nipflow never reads."""
+    for name, replacement in REPLACED_NIP_MEMBERS.items():
+        if name in cls.__dict__:
+            raise TypeError(f"{cls.__qualname__}.{name}: nipflow does not use nip's {name} ({replacement})")
 
 
 _GIT_SHA: list[str | None] = []

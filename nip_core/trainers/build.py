@@ -55,17 +55,33 @@ def build_trainer(hyper_params: HyperParameters, settings: ExperimentSettings | 
         hyper_params = merge_with_base_run(hyper_params, base)
     # looked up through the module, so that a lookup replaced at run time is the one used
     cls = registry.get_trainer_class(hyper_params.trainer)
-    rerun = hyper_params.base_run.base_run_type == "rerun_tests"
-    if rerun and registry.trainer_kind(hyper_params.trainer) != "pure_text":
-        # a TensorDict trainer has no rerun loop: it would train from scratch instead of testing
-        raise ParameterError([("base_run.base_run_type",
-                               f"'rerun_tests' is implemented for the pure-text trainers only, not for "
-                               f"{hyper_params.trainer!r}; test a trained run's checkpoint with `nipflow evaluate "
-                               f"RUN_ID --dataset-file PATH`, or use 'parameters' to train again from the "
-                               f"base run's hyper-parameters")])
+    if hyper_params.base_run.base_run_type == "rerun_tests":
+        _check_rerun_tests(cls, hyper_params, settings)
     if cls.uses_torch_device:
         resolve_device(settings.device)  # the trainer resolves it again; this only fails early
     if run is None and open_run and settings.run_id and not settings.test_run:
         run = RunStore(settings.runs_dir).open_run(settings.run_id, hyper_params,
                                                    on_params_mismatch=settings.on_params_mismatch)
     return cls(hyper_params, settings=settings, run=run, hooks=hooks)
+
+
+def _check_rerun_tests(cls: type, hyper_params: HyperParameters, settings: ExperimentSettings) -> None:
+    """Refuse a rerun-tests run that the trainer cannot do, before anything is opened.
+
+    The pure-text trainers replay the base run's models; the TorchRL trainers test its newest
+    checkpoint (:mod:`nip_core.trainers.tensordict_checkpoints`), so the base run must have one.
+    A trainer with neither (``solo_agent``, a custom loop) would train from scratch instead.
+    """
+    from nip_core.trainers.tensordict_checkpoints import TensorDictCheckpointMixin, latest_checkpoint_iteration
+
+    run_id = hyper_params.base_run.run_id
+    if registry.trainer_kind(hyper_params.trainer) == "pure_text":
+        return
+    if not issubclass(cls, TensorDictCheckpointMixin):
+        raise ParameterError([("base_run.base_run_type",
+                               f"'rerun_tests' is implemented for the pure-text trainers and the TorchRL trainers "
+                               f"(vanilla_ppo, spg, reinforce), not for {hyper_params.trainer!r}; test a trained "
+                               f"run's checkpoint with `nipflow evaluate RUN_ID --dataset-file PATH`, or use "
+                               f"'parameters' to train again from the base run's hyper-parameters")])
+    if latest_checkpoint_iteration(RunStore(settings.runs_dir).open_run(run_id)) is None:
+        raise ParameterError([("base_run.run_id", f"run '{run_id}' has no checkpoint to test again")])

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from nip_core.agents.pure_text import PureTextSharedModelGroupState
+from nip_core.agents.pure_text import FineTuneBinding, PureTextSharedModelGroupState
 from nip_core.environments.nested_array_dict import NestedArrayDict
 from nip_core.parameters import ParameterError
 from nip_core.scenarios.registry import build_scenario_instance
@@ -35,8 +35,10 @@ from nip_core.trainers.fine_tune_waiter import FineTuneJobsPending, FineTuneWait
 from nip_core.trainers.hooks import reach_point
 from nip_core.trainers.pure_text_records import RolloutRecords
 from nip_core.trainers.pure_text_rerun import BaseRunReplay
-from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, sample_rollouts, stable_seed
-from nip_core.trainers.pure_text_stats import rollout_stats
+from nip_core.scenarios.code_validation.text_protocols import build_chat_messages
+from nip_core.trainers.pure_text_rollouts import (TextActor, datapoint_indices, history_of, sample_rollouts,
+                                                  stable_seed)
+from nip_core.trainers.pure_text_stats import NoAssistantMessageError, fine_tune_messages, rollout_stats
 from nip_core.trainers.stage_machine import Position, Stage, StageOrderError, next_stage
 
 __all__ = ["FineTuneJobsPending", "FineTuneWaitTimeout", "PureTextRlTrainer", "PureTextState"]
@@ -91,6 +93,9 @@ class PureTextRlTrainer(Trainer):
         self.groups = self.scenario.shared_model_groups
         self.agent_names = list(self.protocol_handler.agent_names)
         self.verifier_index = self.agent_names.index("verifier")
+        for group in self.groups.values():  # nip's rollout-form job methods of the groups come back here
+            group.bind(FineTuneBinding(submit=self.create_group_fine_tune_job, sft_examples=self.sft_examples,
+                                       dpo_example=self.dpo_example))
         self._push_group_states()
         self.records = RolloutRecords(self.run, hyper_params.text_rl, self.agent_names, self.log_run_artifact)
         self.waiter = FineTuneWaiter(self.groups, self.settings, self.save_state, lambda: dict(
@@ -280,13 +285,20 @@ class PureTextRlTrainer(Trainer):
 
     # -- fine-tuning ---------------------------------------------------------------------------
 
-    def _stage_create_fine_tune_jobs(self, rollouts: list[NestedArrayDict]) -> dict[str, str]:
-        """Create (or adopt) this iteration's fine-tune jobs from ``rollouts``; ``{group: job_id}``.
+    @property
+    def shared_model_groups(self) -> dict[str, Any]:
+        """nip's name of the groups (``self.groups``): group name -> ``PureTextSharedModelGroup``."""
+        return self.groups
+
+    def _stage_create_fine_tune_jobs(self, rollouts: list[NestedArrayDict]) -> dict[str, str] | None:
+        """Create (or adopt) this iteration's fine-tune jobs from ``rollouts``.
 
         The hook of the ``create_fine_tune_jobs`` stage. The default creates one job per
-        shared model group from :meth:`_build_fine_tune_examples`; an override may
-        create jobs for some groups only (with :meth:`create_group_fine_tune_job`).
-        Groups without a job this iteration keep their model.
+        shared model group from :meth:`_build_fine_tune_examples`. An override may do as
+        nip's guide says — call each group's ``create_supervised_fine_tune_job(rollouts_per_agent,
+        guess_replaced_rollouts, job_name)`` or ``create_dpo_fine_tune_job(...)`` and return
+        nothing — or create jobs from examples with :meth:`create_group_fine_tune_job` and
+        return ``{group: job_id}``. Groups without a job this iteration keep their model.
         """
         return {name: self.create_group_fine_tune_job(name, self._build_fine_tune_examples(name, rollouts))
                 for name in self.groups}
@@ -299,15 +311,59 @@ class PureTextRlTrainer(Trainer):
         """The fine-tune examples of ``agent`` (SFT chats or DPO pairs) from ``rollouts``."""
         raise NotImplementedError(f"{type(self).__name__} defines no agent_fine_tune_examples")
 
-    def create_group_fine_tune_job(self, group: str, examples: list[dict]) -> str:
-        """Create (or adopt) ``group``'s job of this iteration (``fine_tune_method``); its id.
+    def sft_examples(self, agent: str, rollouts: list[NestedArrayDict], replace_guess: bool = False) -> list[dict]:
+        """One ``{"messages": ...}`` chat per rollout, ending on ``agent``'s last reply.
 
-        The job id is saved in the state before the next group's call.
+        ``replace_guess``: the verifier's decision is replaced by the true label's (a prover
+        never decides: refused). Rollouts where ``agent`` said nothing give no example.
+        """
+        if replace_guess and rollouts and agent not in self.protocol_handler.verifier_names:
+            raise ValueError(f"guess-replaced rollouts are for verifiers; {agent} is not one")
+        words = self.hyper_params.agent_params(agent).max_response_words
+        examples = []
+        for rollout in rollouts:
+            try:
+                messages = fine_tune_messages(self.protocol_handler, self.hyper_params.interaction_protocol, agent,
+                                              rollout, words, replace_guess)
+            except NoAssistantMessageError:
+                continue
+            examples.append({"messages": messages})
+        return examples
+
+    def dpo_example(self, agent: str, timestep: NestedArrayDict, preferred: Any, non_preferred: Any) -> dict:
+        """The DPO example of ``agent`` at episode state ``timestep``: its prompt there and two replies.
+
+        A reply is its text, or a next timestep whose ``agents.raw_message`` holds it.
+        """
+        index = self.agent_names.index(agent)
+
+        def reply(value: Any) -> list[dict[str, str]]:
+            text = value if isinstance(value, str) else value["agents.raw_message"][index]
+            return [{"role": "assistant", "content": str(text)}]
+
+        prompt = build_chat_messages(self.protocol_handler, self.hyper_params.interaction_protocol, agent,
+                                     history_of(timestep), max_response_words=self.hyper_params.agent_params(
+                                         agent).max_response_words, until_round=int(timestep["round"]))
+        return {"input": {"messages": prompt}, "preferred_output": reply(preferred),
+                "non_preferred_output": reply(non_preferred)}
+
+    def _get_fine_tune_job_name(self, shared_model_group: Any) -> str:
+        """nip's job name: ``{run_id}_iter_{iteration}_{group}`` (the job's suffix)."""
+        return f"{self.run_id}_iter_{self.state.iteration}_{shared_model_group.group_name}"
+
+    def create_group_fine_tune_job(self, group: str, examples: list[dict], method: str | None = None,
+                                   job_name: str | None = None) -> str:
+        """Create (or adopt) ``group``'s job of this iteration; its id.
+
+        ``method``: ``"supervised"`` or ``"dpo"`` (default the trainer's ``fine_tune_method``);
+        ``job_name``: the job's suffix (default :meth:`_get_fine_tune_job_name`). The job id is
+        saved in the state before the next group's call.
         """
         i, g = self.state.iteration, self.groups[group]
-        create = g.create_dpo_fine_tune_job if self.fine_tune_method == "dpo" else g.create_supervised_fine_tune_job
-        job_id = create(examples, run=self.run, run_id=self.run_id, iteration=i,
-                        seed=stable_seed(self.hyper_params.seed, i, group, modulus=2**31))
+        job_id = g.create_job_from_examples(examples, method or self.fine_tune_method, run=self.run,
+                                            run_id=self.run_id, iteration=i,
+                                            job_name=job_name or self._get_fine_tune_job_name(g),
+                                            seed=stable_seed(self.hyper_params.seed, i, group, modulus=2**31))
         self.save_state()
         self.reach_point(i, Stage.CREATE_FINE_TUNE_JOBS.value, f"after_{group}")
         return job_id

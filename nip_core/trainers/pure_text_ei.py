@@ -15,7 +15,7 @@ import numpy as np
 from nip_core.environments.nested_array_dict import NestedArrayDict
 from nip_core.trainers.pure_text_base import PureTextRlTrainer
 from nip_core.trainers.pure_text_rollouts import stable_seed
-from nip_core.trainers.pure_text_stats import NoAssistantMessageError, episode_rewards, fine_tune_messages
+from nip_core.trainers.pure_text_stats import episode_rewards
 from nip_core.trainers.registry import register_trainer
 
 
@@ -76,13 +76,5 @@ class PureTextEiTrainer(PureTextRlTrainer):
         rewards = np.array([episode_rewards(rollouts[k])[idx] for k in order])
         chosen = [order[j] for j in select_rollouts(rewards, hp.pure_text_ei.rollout_selection_method,
                                                      hp.pure_text_ei, rng)]
-        words = hp.agent_params(agent).max_response_words
-        proto = hp.interaction_protocol
-        examples = []
-        for k, replace in [(k, False) for k in chosen] + [(k, True) for k in replaced]:
-            try:
-                msgs = fine_tune_messages(self.protocol_handler, proto, agent, rollouts[k], words, replace)
-            except NoAssistantMessageError:
-                continue
-            examples.append({"messages": msgs})
-        return examples
+        return (self.sft_examples(agent, [rollouts[k] for k in chosen])
+                + self.sft_examples(agent, [rollouts[k] for k in replaced], replace_guess=True))

@@ -355,8 +355,6 @@ class PureTextMaltTrainer(PureTextRlTrainer):
         """DPO examples of ``agent``: one per decision point where it has a usable pair."""
         i = self.agent_names.index(agent)
         env = self.scenario.train_environment
-        words = self.hyper_params.agent_params(agent).max_response_words
-        proto = self.hyper_params.interaction_protocol
         examples = []
         for key, nodes in unique_nodes(rollouts).items():
             for n, (r, t) in sorted(nodes.items()):
@@ -372,9 +370,5 @@ class PureTextMaltTrainer(PureTextRlTrainer):
                 state = rollout[t]
                 if good is None or bad is None or good == bad or not env.active_mask(state)[i].any():
                     continue  # inactive, gave up, or the same reply (no preference to learn)
-                prompt = build_chat_messages(self.protocol_handler, proto, agent, history_of(state),
-                                             max_response_words=words, until_round=int(state["round"]))
-                examples.append({"input": {"messages": prompt},
-                                 "preferred_output": [{"role": "assistant", "content": str(good)}],
-                                 "non_preferred_output": [{"role": "assistant", "content": str(bad)}]})
+                examples.append(self.dpo_example(agent, state, str(good), str(bad)))
         return examples

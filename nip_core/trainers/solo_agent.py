@@ -43,9 +43,7 @@ from nip_core.trainers.tensordict_base import TensorDictTrainer
 class SoloAgentTrainer(TensorDictTrainer):
     """Supervised training of each agent's body and solo head."""
 
-    trainer_kind = "solo"
-    needs_critic = False
-    trainer_type = "solo_agent"
+    trainer_type = "solo_agent"  # so: trainer_kind "solo", no critic (TensorDictTrainer.__init_subclass__)
 
     def __init__(self, hyper_params, *args, **kwargs):
         # One fp32 Adam per agent (solo_agent.*): refuse, before anything is opened, what it would ignore.

@@ -92,7 +92,10 @@ def create_fine_tune_jobs(trainer: "PureTextRlTrainer") -> dict[str, Any]:
                                           else trainer.records.load_rollouts(str(it)))]
     for g in trainer.groups.values():
         g.state = g.state.model_copy(update={"fine_tune_job_id": None, "fine_tune_attempt": 1, "last_status": None})
-    return {"jobs": dict(trainer._stage_create_fine_tune_jobs(rollouts))}
+    jobs = trainer._stage_create_fine_tune_jobs(rollouts)
+    if jobs is None:  # nip's form: the hook called the groups' job methods and returns nothing
+        jobs = {n: g.state.fine_tune_job_id for n, g in trainer.groups.items() if g.state.fine_tune_job_id}
+    return {"jobs": dict(jobs)}
 
 
 def await_fine_tune_jobs(trainer: "PureTextRlTrainer") -> dict[str, Any]:

@@ -57,6 +57,19 @@ class TensorDictTrainer(RngStatesMixin, Trainer):
     """
 
     uses_torch_device = True
+    # Registration reads these (nip_core/trainers/registry.py), so that a subclass registered with
+    # only ``@register_trainer`` (nip's guide) needs no more: nip's ``trainer_type`` says what the
+    # scenario builds — ``"rl"``: policy and value heads, ``"solo_agent"``: the solo heads only.
+    trainer_kind = "tensordict"
+    needs_critic = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.trainer_type == "solo_agent":  # a solo trainer declared the nip way, by trainer_type
+            if "trainer_kind" not in cls.__dict__:
+                cls.trainer_kind = "solo"
+            if "needs_critic" not in cls.__dict__:
+                cls.needs_critic = False
 
     def __init__(self, hyper_params, scenario_instance=None, settings=None, *, run=None, hooks=None,
                  stat_logger=None):

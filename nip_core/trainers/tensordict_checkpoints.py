@@ -22,6 +22,11 @@ without CUDA skips them with a log line, since it cannot replay CUDA streams any
 
 Iteration 0 of a run is a checkpoint too: the warm-start agents or the pretrained ones
 (``pretrain_agents``), made once (:meth:`TensorDictCheckpointMixin._prepare_iteration_zero`).
+
+Rerun-tests mode (``base_run.base_run_type = "rerun_tests"``; nip's
+``load_and_set_state_from_checkpoint(from_base_run=True)``): instead of training, the run
+takes the base run's newest checkpoint as its own (same iteration, same bytes of state) and
+tests it with its own test settings (:meth:`TensorDictCheckpointMixin._adopt_base_run_checkpoint`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nip_core.errors import CheckpointNotFoundError
 from nip_core.trainers.checkpoint_files import load_run_checkpoint, save_run_checkpoint
 from nip_core.trainers.checkpoint_format import encode_checkpoint
 
@@ -41,6 +47,14 @@ from nip_core.trainers.checkpoint_format import encode_checkpoint
 log = logging.getLogger("nip_core.trainers.tensordict_rl")
 
 CHECKPOINT_PATTERN = re.compile(r"^iter_(\d{6,})$")
+
+
+def latest_checkpoint_iteration(run: Any, upto: int | None = None) -> int | None:
+    """The newest checkpointed iteration of ``run`` (at most ``upto`` when given)."""
+    iterations = [int(m.group(1)) for n in run.list_checkpoints() if (m := CHECKPOINT_PATTERN.match(n))]
+    if upto is not None:
+        iterations = [i for i in iterations if i <= upto]
+    return max(iterations) if iterations else None
 
 
 def checkpoint_name(iteration: int) -> str:
@@ -174,10 +188,7 @@ class TensorDictCheckpointMixin:
 
     def latest_checkpoint_iteration(self, upto: int | None = None) -> int | None:
         """The newest checkpointed iteration (at most ``upto`` when given)."""
-        iterations = [int(m.group(1)) for n in self.run.list_checkpoints() if (m := CHECKPOINT_PATTERN.match(n))]
-        if upto is not None:
-            iterations = [i for i in iterations if i <= upto]
-        return max(iterations) if iterations else None
+        return latest_checkpoint_iteration(self.run, upto)
 
     def restore_checkpoint(self, iteration: int) -> None:
         """Load the checkpoint of exactly ``iteration``; raises if it is missing or corrupt.
@@ -191,12 +202,95 @@ class TensorDictCheckpointMixin:
         self._stored_iteration = iteration
 
     def restore_latest_checkpoint(self, upto: int | None = None) -> bool:
-        """Load the newest checkpoint (at most ``upto``) if it is ahead of memory."""
+        """Load the newest checkpoint (at most ``upto``) if it is ahead of memory.
+
+        The run's newest checkpoint is loaded through nip's hooks
+        (:meth:`load_and_set_state_from_checkpoint` -> :meth:`_load_state_dict_from_active_run_checkpoint`),
+        so that overriding them changes how a run resumes, as in nip.
+        """
         latest = self.latest_checkpoint_iteration(upto)
         if latest is None or latest <= self._memory_iteration:
             return False
-        self.restore_checkpoint(latest)
+        if latest == self.latest_checkpoint_iteration():  # the run's newest: nip's resume hooks load it
+            self.load_and_set_state_from_checkpoint()
+            self._stored_iteration = self._memory_iteration
+        else:
+            self.restore_checkpoint(latest)
         return True
+
+    # -- nip's loading hooks, and rerun-tests mode ---------------------------------------------
+
+    def _load_state_dict_from_active_run_checkpoint(self) -> dict[str, Any]:
+        """The state of this run's newest checkpoint (nip's hook).
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            If the run has no checkpoint.
+        """
+        return self._checkpoint_state_of(self.run, "latest", "this run")
+
+    def _load_state_dict_from_base_run_checkpoint(self, version: str | int = "latest") -> dict[str, Any]:
+        """The state of a checkpoint of the base run ``base_run.run_id`` (nip's hook).
+
+        ``version``: ``"latest"`` (its newest checkpoint) or an iteration number. nip names
+        W&B artifact versions here; a run store keeps one checkpoint per saved iteration.
+
+        Raises
+        ------
+        CheckpointNotFoundError
+            If no base run is named, or it has no such checkpoint.
+        """
+        from nip_core.runs import RunStore
+
+        run_id = self.hyper_params.base_run.run_id
+        if not run_id:
+            raise CheckpointNotFoundError("base_run.run_id", "base-run checkpoint (base_run.run_id is not set)")
+        return self._checkpoint_state_of(RunStore(self.settings.runs_dir).open_run(run_id), version,
+                                         f"base run '{run_id}'")
+
+    def _checkpoint_state_of(self, run: Any, version: str | int, whose: str) -> dict[str, Any]:
+        iteration = latest_checkpoint_iteration(run) if version == "latest" else int(version)
+        if iteration is None:
+            raise CheckpointNotFoundError(run.location, f"checkpoint of {whose} (it has none)")
+        state, _ = load_run_checkpoint(run, checkpoint_name(iteration), map_location=self.settings.device)
+        return state
+
+    def load_and_set_state_from_checkpoint(self, from_base_run: bool = False, version: str | int = "latest") -> None:
+        """Load a checkpoint of this run or (``from_base_run``) of the base run into the trainer (nip's name).
+
+        Raises
+        ------
+        ValueError
+            If ``version`` is not ``"latest"`` for this run (as in nip).
+        CheckpointNotFoundError
+            If there is no such checkpoint.
+        """
+        if not from_base_run and version != "latest":
+            raise ValueError(f"version: only 'latest' for the active run's checkpoint, got {version!r}")
+        state = (self._load_state_dict_from_base_run_checkpoint(version) if from_base_run
+                 else self._load_state_dict_from_active_run_checkpoint())
+        self.load_checkpoint_state(state)
+
+    @property
+    def rerun_tests(self) -> bool:
+        """Whether this run tests the base run's checkpoint instead of training (``rerun_tests``)."""
+        return self.hyper_params.base_run.base_run_type == "rerun_tests"
+
+    def _adopt_base_run_checkpoint(self) -> None:
+        """Rerun-tests mode: hold the base run's newest checkpoint, stored as this run's own.
+
+        Once per run: a resumed rerun (or another block's trainer) loads the adopted copy.
+        Nothing is trained; the test loop then tests it.
+        """
+        if self._stored_iteration is not None:
+            return
+        if self.restore_latest_checkpoint():
+            return
+        self.load_and_set_state_from_checkpoint(from_base_run=True)
+        log.info("rerun_tests: testing base run '%s' at iteration %d", self.hyper_params.base_run.run_id,
+                 self._memory_iteration)
+        self._write_checkpoint(self._memory_iteration, None)
 
     def maybe_warm_start(self) -> bool:
         """Load the warm-start agents of a run that has no state yet (see :mod:`.warm_start`).

@@ -117,11 +117,8 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
     """
 
     trainer_type = "rl"
-    # Registration reads these (nip_core/trainers/registry.py): a subclass registered with only
-    # @register_trainer is a TensorDict trainer with value heads; an actor-only one says
-    # needs_critic = False.
-    trainer_kind = "tensordict"
-    needs_critic = True
+    # (trainer_kind "tensordict", needs_critic True: from TensorDictTrainer; an actor-only
+    # subclass says needs_critic = False.)
     # Allowed scaled-dot-product-attention kernels, in order of preference (see module doc).
     attention_backends: list = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
     # ``torch.compile`` mode of the loss's forward pass in minibatch steps (``None``: eager).
@@ -132,7 +129,8 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         hp = self.hyper_params
-        self.use_critic = bool(self.scenario.extras.get("use_critic", True))
+        # nip's combined parts: one module runs them all here, and a value head exists with a critic
+        self.use_critic = self.scenario.combined_value_head is not None
         base_train_env, base_test_env = self.scenario.train_environment, self.scenario.test_environment
         self.message_key = base_train_env.main_message_out_key
         self.steps_per_env = base_train_env.steps_per_env
@@ -178,9 +176,11 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         self.test_env = normalized_env(self.test_env, stats)
 
     def _build_operators(self) -> None:
-        """``policy_operator`` and (with a critic) ``value_operator`` over the agents (nip's hook)."""
-        self.policy_operator = PolicyOperator(self.agents, self.message_key, in_keys=[])
-        self.value_operator = ValueOperator(self.agents, in_keys=[]) if self.use_critic else None
+        """``policy_operator`` over ``scenario_instance.combined_policy_head`` and (with a critic)
+        ``value_operator`` over ``combined_value_head`` (nip's hook)."""
+        self.policy_operator = PolicyOperator(self.scenario.combined_policy_head, self.message_key, in_keys=[])
+        value_head = self.scenario.combined_value_head
+        self.value_operator = ValueOperator(value_head, in_keys=[]) if value_head is not None else None
 
     @abstractmethod
     def _get_loss_module_and_gae(self):
@@ -292,6 +292,8 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         CheckpointNotFoundError
             If ``start > 0`` and neither memory nor the run store is at iteration ``start``.
         """
+        if self.rerun_tests:  # nothing to train: test the base run's checkpoint
+            return self._adopt_base_run_checkpoint()
         if self._memory_iteration > start:
             # A failed attempt left memory past ``start`` (e.g. a retried orchestration
             # block): go back to exactly the checkpoint the range starts from.

@@ -80,7 +80,7 @@ def test_lost_responses_on_uploads_and_creates_leave_one_job_per_intent_and_no_o
     for iteration in range(6):
         for group in ("prover", "verifier"):
             g = PureTextSharedModelGroup(group, [group], PARAMS, lambda: client)
-            created[(iteration, group)] = g.create_supervised_fine_tune_job(
+            created[(iteration, group)] = g.create_job_from_examples(
                 examples(tag=f"{iteration}{group}"), run=run, run_id=run.run_id, iteration=iteration, seed=iteration)
     injected = server.fault_status()["injected"]
     server.clear_faults()
@@ -99,17 +99,17 @@ def test_lost_responses_on_uploads_and_creates_leave_one_job_per_intent_and_no_o
 def test_a_resumed_process_adopts_instead_of_creating_and_a_new_incarnation_does_not(server, client, tmp_path):
     run = new_run(tmp_path)
     first = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client)
-    job_id = first.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=0)
+    job_id = first.create_job_from_examples(examples(), run=run, run_id=run.run_id, iteration=0)
     run.storage.remove("fine_tune/iter_0_verifier.json")  # died before recording anything
     again = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client)
-    assert again.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=0) == job_id
+    assert again.create_job_from_examples(examples(), run=run, run_id=run.run_id, iteration=0) == job_id
     assert len(jobs_of(client, run)) == 1 and len(files_of(client, run)) == 1
     old_incarnation = run.incarnation
     shutil.rmtree(tmp_path / "exact")  # the user deletes the run and starts the same run id again
     reborn = new_run(tmp_path)
     assert reborn.incarnation != old_incarnation
     fresh = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client)
-    new_id = fresh.create_supervised_fine_tune_job(examples(), run=reborn, run_id=reborn.run_id, iteration=0)
+    new_id = fresh.create_job_from_examples(examples(), run=reborn, run_id=reborn.run_id, iteration=0)
     assert new_id != job_id
     assert client.fine_tuning.jobs.retrieve(new_id).metadata["nipflow_incarnation"] == reborn.incarnation
 
@@ -128,7 +128,7 @@ def test_failed_jobs_get_new_attempts_until_the_limit_then_every_error_is_listed
     run = new_run(tmp_path)
     # SFT chats sent as a DPO job fail validation on the server: a job that really fails
     g = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client, max_attempts=3)
-    first = g.create_dpo_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=2)
+    first = g.create_job_from_examples(examples(), "dpo", run=run, run_id=run.run_id, iteration=2)
     ids = [first]
     for attempt in (2, 3):
         assert _wait_terminal(g) == "failed"
@@ -136,7 +136,7 @@ def test_failed_jobs_get_new_attempts_until_the_limit_then_every_error_is_listed
         assert g.state.fine_tune_attempt == attempt
         # a process that restarts here adopts the newest attempt, it does not start over
         resumed = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client, max_attempts=3)
-        assert resumed.create_dpo_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=2) == ids[-1]
+        assert resumed.create_job_from_examples(examples(), "dpo", run=run, run_id=run.run_id, iteration=2) == ids[-1]
         assert resumed.state.fine_tune_attempt == attempt
     assert _wait_terminal(g) == "failed"
     with pytest.raises(FineTuneJobFailed) as info:
@@ -152,7 +152,7 @@ def test_failed_jobs_get_new_attempts_until_the_limit_then_every_error_is_listed
 def test_a_cancelled_job_is_retried(client, tmp_path):
     run = new_run(tmp_path)
     g = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client, max_attempts=2)
-    job_id = g.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=0)
+    job_id = g.create_job_from_examples(examples(), run=run, run_id=run.run_id, iteration=0)
     client.fine_tuning.jobs.cancel(job_id)
     assert _wait_terminal(g) == "cancelled"
     second = g.retry_failed_job(run=run, run_id=run.run_id, iteration=0)
@@ -188,7 +188,7 @@ def test_job_lookup_pages_through_every_job_and_checks_metadata_itself(client, t
     ids = {}
     for iteration in range(5):
         g = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client)
-        ids[iteration] = g.create_supervised_fine_tune_job(examples(tag=str(iteration)), run=run,
+        ids[iteration] = g.create_job_from_examples(examples(tag=str(iteration)), run=run,
                                                            run_id=run.run_id, iteration=iteration)
     wanted = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client).job_metadata(
         run, run.run_id, 0, 1)  # the oldest job: on the last page, newest first
@@ -209,11 +209,11 @@ def test_a_job_the_server_creates_only_after_the_response_was_lost_is_found_not_
     monkeypatch.setenv("NIPFLOW_CREATE_SETTLE_S", "10")
     run = new_run(tmp_path)
     g = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client)
-    g.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=0)  # the upload, clean
+    g.create_job_from_examples(examples(), run=run, run_id=run.run_id, iteration=0)  # the upload, clean
     jobs_before = len(jobs_of(client, run))
     server.set_faults(act_late("fine_tuning.jobs", 1.5))
     late = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client)
-    job_id = late.create_supervised_fine_tune_job(examples(tag="late"), run=run, run_id=run.run_id, iteration=0)
+    job_id = late.create_job_from_examples(examples(tag="late"), run=run, run_id=run.run_id, iteration=0)
     assert server.fault_status()["injected"] == {"fine_tuning.jobs:act_late": 1}
     server.clear_faults()
     time.sleep(2.0)  # a second job, had one been sent, would be listed by now
@@ -228,7 +228,7 @@ def test_a_job_never_created_is_created_again_once_the_settle_window_has_passed(
                                                                      "retry_after_s": 0}}})
     g = PureTextSharedModelGroup("prover", ["prover"], PARAMS, lambda: client)
     started = time.monotonic()
-    job_id = g.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=1)
+    job_id = g.create_job_from_examples(examples(), run=run, run_id=run.run_id, iteration=1)
     waited = time.monotonic() - started
     failed = server.fault_status()["injected"].get("fine_tuning.jobs:500", 0)
     server.clear_faults()
@@ -248,7 +248,7 @@ def test_duplicates_of_one_intent_follow_one_rule_oldest_of_the_last_attempt_the
     client = slow_jobs_client
     run = new_run(tmp_path)
     g = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client)
-    first = g.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=3)
+    first = g.create_job_from_examples(examples(), run=run, run_id=run.run_id, iteration=3)
     record = run.read_json("fine_tune/iter_3_verifier.json")
     metadata = g.job_metadata(run, run.run_id, 3, 1)
     # two more jobs with the same intent, as a server that acted on one request three times leaves
@@ -256,7 +256,7 @@ def test_duplicates_of_one_intent_follow_one_rule_oldest_of_the_last_attempt_the
                                             metadata=metadata).id for _ in range(2)]
     run.storage.remove("fine_tune/iter_3_verifier.json")  # a restarted process, nothing recorded
     again = PureTextSharedModelGroup("verifier", ["verifier"], PARAMS, lambda: client)
-    assert again.create_supervised_fine_tune_job(examples(), run=run, run_id=run.run_id, iteration=3) == first
+    assert again.create_job_from_examples(examples(), run=run, run_id=run.run_id, iteration=3) == first
     assert run.read_json("fine_tune/iter_3_verifier.json")["cancelled_duplicates"] == sorted(extra)
     statuses = {j.id: j.status for j in jobs_of(client, run)}
     assert statuses[first] != "cancelled" and all(statuses[i] == "cancelled" for i in extra)

@@ -57,3 +57,16 @@ def test_settings_and_fields_a_trainer_would_ignore_are_refused_naming_them(tmp_
                                              r"the API.*max_concurrent_requests"):
         PureTextEiTrainer(hp, None, settings)
     assert not (tmp_path / "runs").exists()  # refused before anything was opened
+
+
+@pytest.mark.parametrize("member, replacement", [
+    ("_add_file_to_wandb_artifact", "log_run_artifact"),
+    ("get_checkpoint_base_dir_from_run_id", "run store"),
+    ("checkpoint_state_path", "run store"),
+    ("PRETRAINED_MODEL_CACHE_PARAM_KEYS", "iteration-0 checkpoint"),
+])
+def test_members_of_nips_trainers_that_nipflow_replaces_are_refused_naming_the_replacement(member, replacement):
+    # before: such an override was silently ignored (nothing in nipflow calls it)
+    for base in (VanillaPpoTrainer, PureTextEiTrainer):
+        with pytest.raises(TypeError, match=rf"Mine\.{member}: nipflow does not use nip's {member} \(.*{replacement}"):
+            type("Mine", (base,), {member: lambda self: None})

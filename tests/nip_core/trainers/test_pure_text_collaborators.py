@@ -36,11 +36,15 @@ def settings(tmp_path, url, run_id):
 
 
 class VerifierOnlyEi(PureTextEiTrainer):
-    """Fine-tunes the verifier only (the guide's hook, with the example-building helper)."""
+    """Fine-tunes the verifier only (the guide's hook, with the example-building helper), and
+    names its jobs (nip's ``_get_fine_tune_job_name``)."""
 
     def _stage_create_fine_tune_jobs(self, rollouts):
         return {"verifier": self.create_group_fine_tune_job(
             "verifier", self._build_fine_tune_examples("verifier", rollouts))}
+
+    def _get_fine_tune_job_name(self, shared_model_group):
+        return f"only-{self.state.iteration}-{shared_model_group.group_name}"
 
 
 def test_overriding_the_create_hook_changes_which_jobs_are_created_and_the_run_proceeds(tmp_path, server):
@@ -59,7 +63,8 @@ def test_overriding_the_create_hook_changes_which_jobs_are_created_and_the_run_p
     assert set(summaries[3]["jobs"]) == {"verifier"} and set(summaries[4]["trained_tokens"]) == {"verifier"}
     jobs = [j for j in server.client().fine_tuning.jobs.list(limit=100).data
             if (j.metadata or {}).get("nipflow_run_id") == "verifier-only"]
-    assert [(j.metadata["nipflow_iteration"], j.metadata["nipflow_group"]) for j in jobs] == [("0", "verifier")]
+    assert [(j.metadata["nipflow_iteration"], j.metadata["nipflow_group"], j.user_provided_suffix)
+            for j in jobs] == [("0", "verifier", "only-0-verifier")]
     models = t.run.read_json("models/iter_1.json")
     assert models["prover"] == hp.agent_params("prover").model_name  # never fine-tuned
     assert models["verifier"] == jobs[0].fine_tuned_model is not None

@@ -138,10 +138,23 @@ def test_a_guide_style_registration_needs_only_the_decorator(registered):
     class GuideText(PureTextRlTrainer):
         pass
 
-    registered += ["guide_td", "guide_text"]
-    assert (trainer_kind("guide_td"), trainer_kind("guide_text")) == ("tensordict", "pure_text")
+    # the guide's other TensorDict base (a custom loop): nip's trainer_type says what it trains
+    from nip_core.trainers.tensordict_base import TensorDictTrainer
+
+    @register_trainer("guide_loop")
+    class GuideLoop(TensorDictTrainer):
+        def train(self):
+            raise NotImplementedError
+
+    @register_trainer("guide_solo")
+    class GuideSolo(TensorDictTrainer):
+        trainer_type = "solo_agent"
+
+    registered += ["guide_td", "guide_text", "guide_loop", "guide_solo"]
+    assert [trainer_kind(n) for n in registered] == ["tensordict", "pure_text", "tensordict", "solo"]
     base = {"scenario": "graph_isomorphism", "dataset": "t"}
-    assert trainer_uses_critic(HyperParameters.from_dict({**base, "trainer": "guide_td"})) is True
+    assert [trainer_uses_critic(HyperParameters.from_dict({**base, "trainer": n}))
+            for n in ("guide_td", "guide_loop", "guide_solo")] == [True, True, False]
 
 
 def test_each_built_in_module_registers_what_the_catalogue_states():

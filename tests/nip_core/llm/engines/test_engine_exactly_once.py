@@ -23,7 +23,7 @@ def test_two_creates_of_one_intent_with_lost_responses_make_one_job(tiny_server,
                                                       for g in ("files", "fine_tuning.jobs")}})
     try:
         ids = [PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: tiny_client)
-               .create_supervised_fine_tune_job(examples, run=run, run_id=run.run_id, iteration=0, seed=1)
+               .create_job_from_examples(examples, run=run, run_id=run.run_id, iteration=0, seed=1)
                for _ in range(2)]
         injected = tiny_server.fault_status()["injected"]
     finally:

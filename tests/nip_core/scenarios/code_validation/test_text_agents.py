@@ -49,7 +49,7 @@ def test_job_identity_and_record(client, run):
     """Exactly-once creation under lost responses is tested in tests/nip_core/agents/test_exactly_once.py."""
     params = CodeValidationAgentParameters(model_name="gpt-4o-mini")
     g = PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: client)
-    job_id = g.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=0, seed=5)
+    job_id = g.create_job_from_examples(examples(), run=run, run_id="idem", iteration=0, seed=5)
     record = run.read_json("fine_tune/iter_0_verifier.json")
     assert record["job_id"] == job_id and record["attempt"] == 1 and record["seed"] == 5
     assert record["filename"].startswith(f"nipflow-{run.incarnation}-it0-verifier-")
@@ -63,12 +63,12 @@ def test_job_identity_and_record(client, run):
 def test_insufficient_data_and_frozen_create_no_job(client, run):
     params = CodeValidationAgentParameters(model_name="gpt-4o-mini")
     g = PureTextSharedModelGroup("prover", ["prover"], params, lambda: client)
-    assert g.create_supervised_fine_tune_job(examples(9), run=run, run_id="idem", iteration=3) == INSUFFICIENT_DATA_JOB_ID
+    assert g.create_job_from_examples(examples(9), run=run, run_id="idem", iteration=3) == INSUFFICIENT_DATA_JOB_ID
     assert g.get_fine_tune_job_status() == "succeeded"
     g.switch_to_next_model()
     assert g.model_name == "gpt-4o-mini"
     frozen = PureTextSharedModelGroup("p2", ["p2"], params.model_copy(update={"freeze_agent": True}), lambda: client)
-    assert frozen.create_supervised_fine_tune_job(examples(), run=run, run_id="idem", iteration=3) == FROZEN_JOB_ID
+    assert frozen.create_job_from_examples(examples(), run=run, run_id="idem", iteration=3) == FROZEN_JOB_ID
     assert jobs_with(client, "prover", "idem") == [] and jobs_with(client, "p2", "idem") == []
 
 
