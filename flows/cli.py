@@ -179,7 +179,7 @@ def cmd_resume(args) -> int:
     settings = _settings(args, validate_run_id(args.run_id))
     if args.from_wandb is not None or args.wandb_dir:
         from flows.cli_inputs import check_wandb_path
-        from nip_core.runs.wandb_restore import restore_from_offline_dir, restore_from_wandb
+        from nip_core.wandb_restore import restore_from_offline_dir, restore_from_wandb
 
         check_wandb_path(args.from_wandb)
         store = RunStore(settings.runs_dir)
@@ -204,7 +204,7 @@ def _execute(params, settings, direct: bool, as_json: bool = False) -> int:
     or interrupted prints its card too, with what happened, before ``main`` exits with
     that error's status.
     """
-    from nip_core.logging.result_card import outcome_of
+    from nip_core.runs.invocations import outcome_of
 
     before = _invocations(settings)
     try:
@@ -227,30 +227,22 @@ def _execute(params, settings, direct: bool, as_json: bool = False) -> int:
 
 
 def _train_direct(params, settings) -> None:
-    """``Trainer.train()`` in this process, holding the run's lease, recording the invocation."""
+    """``Trainer.train()`` in this process, driving the run (lease, invocation record: ``driving_run``)."""
     from flows.signals import shield_active_stop
-    from nip_core.logging.result_card import begin_invocation, end_invocation, outcome_of
+    from nip_core.runs.driving import driving_run
     from nip_core.trainers import build_trainer
 
     trainer = build_trainer(params, settings)
     print(f"run {settings.run_id}: {trainer.run.location if trainer.run.persistent else '(not stored)'}",
           file=sys.stderr)
-    index, outcome = None, ("completed", None)
     try:
-        if trainer.run.persistent:  # one driver per run: wait for (or take over) the lease
-            trainer.run.lock.acquire()
-            trainer.reload_state()
-            index = begin_invocation(trainer.run, "direct")
-        trainer.train()
-    except BaseException as e:
-        outcome = outcome_of(e)
-        shield_active_stop()  # preempted or failed: a signal must not cut the records below short
-        raise
+        with driving_run(trainer, "direct"):  # one driver per run: waits for (or takes over) the lease
+            try:
+                trainer.train()
+            except BaseException:
+                shield_active_stop()  # preempted or failed: a signal must not cut the records short
+                raise
     finally:
-        if index is not None:
-            end_invocation(trainer.run, index, *outcome)
-        if trainer.run.persistent:
-            trainer.run.lock.release()
         trainer.close()
 
 
@@ -263,7 +255,7 @@ def _stored_run(settings):
 
 def _invocations(settings) -> int:
     """How many invocations the run has recorded (0 if it does not exist or cannot be read)."""
-    from nip_core.logging.result_card import invocation_count
+    from nip_core.runs.invocations import invocation_count
 
     try:
         run = _stored_run(settings)
@@ -273,7 +265,7 @@ def _invocations(settings) -> int:
 
 
 def _latest_ended(settings) -> bool:
-    from nip_core.logging.result_card import latest_invocation
+    from nip_core.runs.invocations import latest_invocation
 
     try:
         run = _stored_run(settings)
@@ -467,7 +459,8 @@ def _report_errors(command, args) -> int:
     anything else is a bug and keeps its traceback. Ctrl-C exits 130, SIGTERM 143 and
     SIGHUP 129 (128 + the signal's number, as a shell reports a process the signal killed).
     """
-    from nip_core.trainers.preemption import PREEMPTED_EXIT_CODE, TrainingPreempted
+    from nip_core.errors import TrainingPreempted
+    from nip_core.trainers.preemption import PREEMPTED_EXIT_CODE
 
     try:
         return command(args)

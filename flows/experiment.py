@@ -25,7 +25,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from flows.leases import driving
-from flows.observability import reporting
+from flows.observability import flow_recording
 from flows.form_fields import (
     DEFAULT_BLOCK_SIZE,
     BlockSizeField,
@@ -63,19 +63,21 @@ from tasks.trainers import release_trainer, task_trainer
 # ``build_flow_trainer`` is re-exported for the flows that resume a run from its stored
 # parameters (:mod:`flows.watcher`); the rest of :mod:`flows.trainer_access` is imported
 # from there.
-__all__ = ["build_flow_trainer", "run_experiment", "run_trainer", "train_experiment", "train_whole", "trainer_kind"]
+__all__ = ["build_flow_trainer", "driven_by", "run_experiment", "run_trainer", "train_experiment", "train_whole"]
 
 
-def trainer_kind(trainer: Any) -> str:
-    """``"pure_text"``, ``"tensordict"`` or ``"plain"``: the interface the trainer implements.
+def driven_by(trainer: Any) -> str:
+    """How a flow drives ``trainer``: ``"stages"`` (``run_stage``), ``"blocks"`` (``run_iterations``
+    in RL blocks) or ``"train"`` (its ``train()`` in one task), from the interface it implements.
 
-    See :mod:`nip_core.trainers.interfaces` (``StagedTrainer``, ``IterationTrainer``).
+    See :mod:`nip_core.trainers.interfaces` (``StagedTrainer``, ``IterationTrainer``). This is not
+    a kind of trainer (that is ``trainer_kind`` of :mod:`nip_core.parameters.trainer_specs`).
     """
     if isinstance(trainer, StagedTrainer):
-        return "pure_text"
+        return "stages"
     if isinstance(trainer, IterationTrainer):
-        return "tensordict"
-    return "plain"
+        return "blocks"
+    return "train"
 
 
 @task(name="train", task_run_name="train[{run_id}]")
@@ -86,9 +88,9 @@ def train_whole(spec: RunSpec, run_id: str) -> dict[str, Any]:
         return {"run_id": run_id, "iteration": int(trainer.state.iteration)}
 
 
-def overrides_train(trainer: Any, kind: str) -> bool:
-    """Whether ``trainer``'s class overrides ``train()`` (or, for a TensorDict trainer, nip's
-    ``_train_and_test()``) below the class that drives its kind.
+def overrides_train(trainer: Any, driver: str) -> bool:
+    """Whether ``trainer``'s class overrides ``train()`` (or, for RL blocks, nip's
+    ``_train_and_test()``) below the class that implements its ``driver``.
 
     The flows drive a staged trainer through ``run_stage`` and an iteration trainer through
     ``run_iterations``; a ``train()`` defined in a subclass of the class that defines the
@@ -96,33 +98,33 @@ def overrides_train(trainer: Any, kind: str) -> bool:
     defines both (its own loop, as a fake or a new base does) is not an override.
     """
     mro = type(trainer).__mro__
-    driver = "run_stage" if kind == "pure_text" else "run_iterations"
+    method = "run_stage" if driver == "stages" else "run_iterations"
 
     def defined_at(name: str) -> int:
         return next((i for i, cls in enumerate(mro) if name in cls.__dict__), len(mro))
 
-    overridden = ["train"] + (["_train_and_test"] if kind == "tensordict" else [])
-    return any(defined_at(name) < defined_at(driver) for name in overridden)
+    overridden = ["train"] + (["_train_and_test"] if driver == "blocks" else [])
+    return any(defined_at(name) < defined_at(method) for name in overridden)
 
 
 def run_trainer(trainer: Any, parameters: ExperimentParameters) -> dict[str, Any]:
-    """Dispatch ``trainer`` to the flow logic of its kind (inside a flow run).
+    """Dispatch ``trainer`` to the flow logic that drives it (inside a flow run).
 
     A staged or iteration trainer whose class overrides ``train()`` runs that ``train()``
     in one task, as a plain trainer does: the stages and RL blocks would bypass the override.
     """
-    kind = trainer_kind(trainer)
-    if kind != "plain" and overrides_train(trainer, kind):
+    driver = driven_by(trainer)
+    if driver != "train" and overrides_train(trainer, driver):
         get_run_logger().warning(
             "%s overrides train() (or _train_and_test()): it runs as one task, without per-stage results, "
             "RL blocks or fine-tune suspension (override the stage or iteration hooks instead to keep them)",
             type(trainer).__name__)
-        kind = "plain"
-    get_run_logger().info("run %s (%s, %s trainer): run store %s", trainer.run.run_id,
-                          trainer.hyper_params.trainer, kind, trainer.run.location)
-    if kind == "pure_text":
+        driver = "train"
+    get_run_logger().info("run %s (%s trainer, driven by %s): run store %s", trainer.run.run_id,
+                          trainer.hyper_params.trainer, driver, trainer.run.location)
+    if driver == "stages":
         return run_pure_text(trainer, parameters.wait_mode)
-    if kind == "tensordict":
+    if driver == "blocks":
         return run_tensordict(trainer, parameters.block_size)
     spec = RunSpec.for_trainer(trainer)
     remember_trainer(spec, trainer)  # the task uses this trainer instead of building another
@@ -171,7 +173,7 @@ def run_experiment(parameters: ExperimentParameters) -> dict[str, Any]:
     trainer = open_trainer(parameters)
     try:
         # one driver per run, on any number of hosts; the result card at the end, however it ends
-        with driving(trainer), reporting(trainer):
+        with driving(trainer, **flow_recording(trainer)):
             result = run_trainer(trainer, parameters)
             mark_completed(trainer.run, experiment_name(parameters))
     finally:

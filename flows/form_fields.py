@@ -27,7 +27,7 @@ from nip_core.protocols import PROTOCOL_HANDLER_REGISTRY  # registers them all
 from nip_core.scenarios.code_validation.dataset import dataset_names as code_validation_dataset_names
 from nip_core.scenarios.graph_isomorphism.named_datasets import NAMED_DATASETS
 from nip_core.settings import DEVICE_DESCRIPTION
-from nip_core.trainers.registry import registered_trainer_names
+from nip_core.parameters.trainer_specs import registered_trainer_names
 
 WaitMode = Literal["auto", "poll", "suspend"]
 
@@ -35,7 +35,7 @@ WaitMode = Literal["auto", "poll", "suspend"]
 
 #: scenario names (those ``HyperParameters.scenario`` accepts)
 SCENARIO_NAMES: tuple[str, ...] = tuple(get_args(ScenarioType))
-#: registered trainers (the built-ins as nip_core/trainers/built_ins.py states them, and any imported)
+#: registered trainers (the built-ins as nip_core/parameters/trainer_specs.py states them, and any imported)
 TRAINER_NAMES: tuple[str, ...] = tuple(registered_trainer_names())
 #: registered interaction protocols (any scenario)
 PROTOCOL_NAMES: tuple[str, ...] = tuple(sorted({name for name, _ in PROTOCOL_HANDLER_REGISTRY}))

@@ -1,7 +1,8 @@
 """Holding a run's lease around the work of a flow run (see :mod:`nip_core.runs.lock`).
 
 The experiment flow takes the run's lease for as long as it drives the run (released
-when it ends, fails or suspends itself for a fine-tune wait). An RL block that runs as
+when it ends, fails or suspends itself for a fine-tune wait), through the one run driver of
+the domain library (:mod:`nip_core.runs.driving`, which ``nipflow run --direct`` uses too). An RL block that runs as
 its own flow run — maybe on another worker, maybe on another host — joins the parent's
 claim, passed in its :class:`~flows.parameters.RunSpec`, and renews it while it trains;
 a block whose parent lost the lease (another driver took the run over) fails at once.
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from nip_core.runs.driving import driving_run
 from nip_core.runs.lock import RunLock
 
 log = logging.getLogger(__name__)
@@ -26,14 +28,13 @@ PREDECESSOR_WAIT_S = 6 * 3600.0
 
 
 @contextmanager
-def driving(trainer: Any, claim: dict[str, Any] | None = None) -> Iterator[RunLock]:
-    """Hold the lease of ``trainer``'s run for the body of the ``with``.
+def driving(trainer: Any, claim: dict[str, Any] | None = None, **recording: Any) -> Iterator[RunLock]:
+    """Drive ``trainer``'s run in a flow run: :func:`nip_core.runs.driving.driving_run` with the
+    flow runs' wait for an earlier attempt of themselves before the lease is taken.
 
-    Re-enters the lease when this process already holds it (a local subflow), joins
-    ``claim`` (``{"owner", "generation"}`` of the parent flow run) when given, and
-    otherwise takes the lease, waiting for an expired holder's claim to lapse. A newly
-    taken lease is followed by a re-read of the trainer's state (the trainer was built
-    before; a previous driver may have moved the run on meanwhile).
+    ``claim`` (``{"owner", "generation"}`` of the parent flow run) is joined when given (an RL
+    block); ``recording`` is passed on (``record="flow"``, ``details``, ``outcome_of``, ``after``:
+    see :func:`flows.observability.flow_recording`).
 
     Inside a flow run, the claim names the flow run. A flow run that runs again after its
     host died (rescheduled by the crash automation, same flow-run id) may find its earlier
@@ -42,20 +43,8 @@ def driving(trainer: Any, claim: dict[str, Any] | None = None) -> Iterator[RunLo
     instead of failing after 1.5 ttl as it would for another driver; the block it then
     asks for again is the same flow run, done (:func:`flows.rl_blocks.block_idempotency_key`).
     """
-    lock = trainer.run.lock
-    reentered = lock.held
-    if not reentered and claim:
-        lock.join(str(claim["owner"]), int(claim["generation"]))
-    else:
-        if not reentered:
-            _wait_for_predecessor(lock)
-        lock.acquire()
-    if not reentered:
-        trainer.reload_state()
-    try:
+    with driving_run(trainer, claim=claim, before_acquire=_wait_for_predecessor, **recording) as lock:
         yield lock
-    finally:
-        lock.release()
 
 
 def _wait_for_predecessor(lock: RunLock) -> None:

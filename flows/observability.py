@@ -289,50 +289,36 @@ def outcome_of(error: BaseException) -> tuple[str, str | None]:
     """``(status, message)`` of an invocation that ended with ``error``."""
     from prefect.exceptions import Pause, TerminationSignal
 
-    from nip_core.logging import result_card
+    from nip_core.runs import invocations
 
     if isinstance(error, Pause):
         return "suspended", "waiting (suspended flow run); it resumes when its fine-tune jobs finish"
     if isinstance(error, TerminationSignal):  # Prefect's form of SIGTERM in a flow run: stopped, like Ctrl-C
         return "interrupted", f"stopped by {signal.Signals(error.signal).name}"
-    return result_card.outcome_of(error)
+    return invocations.outcome_of(error)
 
 
-@contextlib.contextmanager
-def reporting(trainer: Any) -> Iterator[None]:
-    """Around one flow run's work on ``trainer``'s run (holding its lease).
+def flow_recording(trainer: Any) -> dict[str, Any]:
+    """How a flow run records itself around its work on ``trainer``'s run (holding its lease).
 
-    Records the invocation in the run store, attaches the run to the trainer's
-    :class:`PrefectHooks` (tables from the run store), and at the end — however the
-    body ended — reloads the state from the run store, publishes the final metrics table
-    and the result card with how the invocation ended.
+    The keyword arguments of :func:`flows.leases.driving` (and so of
+    :func:`nip_core.runs.driving.driving_run`): the invocation is recorded as ``"flow"`` with
+    the flow run and its UI location, its outcome read the Prefect way (a suspension is
+    ``suspended``), and at the end — however the body ended — the state is reloaded from the
+    run store, the final metrics table and the result card are published. Attaches the run to
+    the trainer's :class:`PrefectHooks` (tables from the run store).
     """
-    from nip_core.logging.result_card import begin_invocation, end_invocation
-
-    run = trainer.run
     hooks = trainer.hooks if isinstance(getattr(trainer, "hooks", None), PrefectHooks) else None
     if hooks is not None:
-        hooks.attach(run)
+        hooks.attach(trainer.run)
     flow_run_id = _current_flow_run_id()
-    try:
-        index = begin_invocation(run, "flow", flow_run_id=flow_run_id,
-                                 prefect_ui=prefect_ui_location(str(trainer.settings.runs_dir), flow_run_id))
-    except Exception as e:  # noqa: BLE001 - observability must never stop training
-        index = None
-        log.warning("could not record the start of run %s in its metadata: %s", run.run_id, e)
-    status, message = "completed", None
-    try:
-        yield
-    except BaseException as e:
-        status, message = outcome_of(e)
-        raise
-    finally:
-        try:  # never hide the body's error behind a reporting one
-            if index is not None:
-                end_invocation(run, index, status, message)
-            trainer.reload_state()  # the blocks may have trained in other processes
-            if hooks is not None and _in_run_context():
-                hooks.publish_run(int(trainer.state.iteration))
-            publish_result_card(trainer)
-        except Exception as e:  # noqa: BLE001
-            log.warning("could not record the end of run %s or publish its result card: %s", run.run_id, e)
+
+    def publish() -> None:
+        trainer.reload_state()  # the blocks may have trained in other processes
+        if hooks is not None and _in_run_context():
+            hooks.publish_run(int(trainer.state.iteration))
+        publish_result_card(trainer)
+
+    return {"record": "flow", "outcome_of": outcome_of, "after": publish,
+            "details": {"flow_run_id": flow_run_id,
+                        "prefect_ui": prefect_ui_location(str(trainer.settings.runs_dir), flow_run_id)}}

@@ -56,7 +56,7 @@ from nip_core.parameters import HyperParameters, ParameterError, apply_overrides
 from nip_core.protocols import get_protocol_handler_class
 from nip_core.runs import validate_run_id
 from nip_core.settings import AUTO_DEVICE, ExperimentSettings, check_device_name
-from nip_core.trainers.registry import UnknownTrainerError, trainer_kind
+from nip_core.parameters.trainer_specs import UnknownTrainerError, trainer_kind
 
 
 class MissingParameterError(NipflowError):

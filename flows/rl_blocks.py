@@ -35,7 +35,7 @@ from flows.observability import PrefectHooks
 from flows.parameters import MissingParameterError, RunSpec
 from flows.signals import Preempted
 from flows.trainer_access import check_device_here, forget_trainer, remember_trainer, trainer_from_spec
-from nip_core.trainers.preemption import TrainingPreempted
+from nip_core.errors import TrainingPreempted
 from tasks.rl_block import Block, plan_blocks, run_block_task, run_test_loop_task
 
 BLOCK_DEPLOYMENT = "rl_iteration_block/rl-block"

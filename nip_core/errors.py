@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class NipflowError(Exception):
     """Base class of every nipflow error that a user can act on."""
@@ -78,3 +80,14 @@ class InvalidRunIdError(NipflowError, ValueError):
             f"invalid run_id {run_id!r}: use 1-128 letters, digits, '_', '-' or '.', "
             "starting with a letter or digit"
         )
+
+
+class TrainingPreempted(NipflowError):
+    """Training stopped on a signal after checkpointing the last finished iteration
+    (raised by :mod:`nip_core.trainers.preemption`)."""
+
+    def __init__(self, signum: int, iteration: int):
+        self.signum = signum
+        self.iteration = iteration
+        super().__init__(f"training preempted by {signal.Signals(signum).name}: checkpoint of iteration {iteration} "
+                         f"saved; resume the run to continue from it")

@@ -110,12 +110,6 @@ class AgentPart(nn.Module):
         return mask[self.agent_index].nonzero().squeeze(-1).tolist()
 
     @property
-    def visible_channel_names(self) -> list[str]:
-        """Names of the message channels the agent can see."""
-        names = list(self.protocol_handler.message_channel_names)
-        return [names[i] for i in self.visible_channel_indices]
-
-    @property
     def device(self) -> torch.device:
         """Where the part's tensors live: its first parameter or buffer, else ``settings.device``."""
         for tensor in self.parameters():

@@ -17,7 +17,6 @@ from typing import Any
 
 from nip_core.runs import RunStore
 
-ACCURACY_KEYS = ("mean_accuracy", "test_mean_accuracy")
 OTHER_CURVES = {
     "decision_rate": ("mean_decision_rate", "decision_rate", "verifier.mean_decision_rate"),
     "episode_length": ("mean_episode_length",),

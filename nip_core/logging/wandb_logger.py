@@ -13,7 +13,7 @@
   ``checkpoint`` version is followed by a ``state`` version, and each ``state`` version
   holds :data:`STATE_BUNDLE` and the small JSON records (:data:`RECORD_DIRS`): together
   they are what ``nipflow resume --from-wandb`` needs to rebuild a lost run store entry
-  (:mod:`nip_core.runs.wandb_restore`).
+  (:mod:`nip_core.wandb_restore`).
 * Offline, W&B stages artifact files outside the run directory (a per-user staging area
   that ``wandb sync`` empties), so every file logged as an artifact is also kept under
   ``files/nipflow_run_store/`` of the offline run directory (``--wandb-dir``).

@@ -35,6 +35,7 @@ from nip_core.parameters.scenario import (
     DatasetParameters,
     MessageRegressionParameters,
 )
+from nip_core.parameters.trainer_specs import is_text_trainer, registered_trainer_names, unknown_trainer_message
 from nip_core.parameters.trainers import (
     BaseRunParameters,
     CommonPpoParameters,
@@ -53,20 +54,16 @@ ScenarioType = Literal["graph_isomorphism", "code_validation"]
 
 def _check_trainer_name(name: str) -> str:
     """Accept a registered trainer name only (the built-in trainers are imported on first use)."""
-    from nip_core.trainers.registry import registered_trainer_names, unknown_trainer_message
-
     if name not in registered_trainer_names():
         raise ValueError(unknown_trainer_message(name))
     return name
 
 
 def _trainer_names_schema(schema: dict[str, Any]) -> None:
-    from nip_core.trainers.registry import registered_trainer_names
-
     schema["enum"] = registered_trainer_names()
 
 
-#: The name of a trainer registered with ``@register_trainer`` (``nip_core.trainers.registry``);
+#: The name of a trainer registered with ``@register_trainer`` (``nip_core.trainers.registry``, declared in ``trainer_specs``);
 #: checked against the registry when validated, listed as an enum in the JSON schema.
 TrainerType = Annotated[str, AfterValidator(_check_trainer_name),
                         Field(json_schema_extra=_trainer_names_schema)]
@@ -218,8 +215,6 @@ class HyperParameters(ParamsModel):
                     and "verifier" not in name):
                 raise ValueError(f"agents.{name}.decision_constraint: 'on' holds a verifier's decision to its "
                                  f"form; {name} is a prover and never decides")
-        from nip_core.trainers.registry import is_text_trainer
-
         text_trainer = is_text_trainer(self.trainer)
         if text_trainer != (self.scenario == "code_validation"):
             raise ValueError(
@@ -260,8 +255,6 @@ class HyperParameters(ParamsModel):
 
     @property
     def is_text_scenario(self) -> bool:
-        from nip_core.trainers.registry import is_text_trainer
-
         return is_text_trainer(self.trainer)
 
 

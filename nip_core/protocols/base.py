@@ -282,10 +282,6 @@ class SingleVerifierProtocolHandler(ProtocolHandler, ABC):
     VERIFIER_NAME: ClassVar[str] = "verifier"
 
     @property
-    def verifier_name(self) -> str:
-        return self.VERIFIER_NAME
-
-    @property
     def verifier_names(self) -> list[str]:
         return [self.VERIFIER_NAME]
 

@@ -1,7 +1,7 @@
 """``build_trainer``: the registered trainer of a set of hyper-parameters, ready to train.
 
 It lives apart from :mod:`nip_core.trainers.base` (which the trainer classes import) and
-from :mod:`nip_core.trainers.registry` (which the parameters import), so that neither of
+from :mod:`nip_core.trainers.registry` (which the trainer modules import), so that neither of
 those two imports the other: the registry knows trainer classes only by their
 registration, and the base class knows nothing of the registry.
 """
@@ -11,9 +11,10 @@ from __future__ import annotations
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.base import ParameterError
 from nip_core.parameters.base_run import merge_with_base_run
+from nip_core.parameters.trainer_specs import trainer_kind
 from nip_core.runs import Run, RunStore
 from nip_core.settings import ExperimentSettings, resolve_device
-from nip_core.trainers import registry
+from nip_core.trainers.registry import get_trainer_class
 from nip_core.trainers.base import Trainer
 from nip_core.trainers.hooks import TrainerHooks
 
@@ -53,8 +54,7 @@ def build_trainer(hyper_params: HyperParameters, settings: ExperimentSettings | 
     if hyper_params.base_run.base_run_type != "none":
         base = RunStore(settings.runs_dir).load_params(hyper_params.base_run.run_id)
         hyper_params = merge_with_base_run(hyper_params, base)
-    # looked up through the module, so that a lookup replaced at run time is the one used
-    cls = registry.get_trainer_class(hyper_params.trainer)
+    cls = get_trainer_class(hyper_params.trainer)
     if hyper_params.base_run.base_run_type == "rerun_tests":
         _check_rerun_tests(cls, hyper_params, settings)
     if cls.uses_torch_device:
@@ -75,7 +75,7 @@ def _check_rerun_tests(cls: type, hyper_params: HyperParameters, settings: Exper
     from nip_core.trainers.tensordict_checkpoints import TensorDictCheckpointMixin, latest_checkpoint_iteration
 
     run_id = hyper_params.base_run.run_id
-    if registry.trainer_kind(hyper_params.trainer) == "pure_text":
+    if trainer_kind(hyper_params.trainer) == "pure_text":
         return
     if not issubclass(cls, TensorDictCheckpointMixin):
         raise ParameterError([("base_run.base_run_type",

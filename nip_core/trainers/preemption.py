@@ -26,22 +26,12 @@ import threading
 from types import FrameType
 from typing import Any
 
-from nip_core.errors import NipflowError
+from nip_core.errors import TrainingPreempted  # raised here; defined with the other errors
 
 log = logging.getLogger(__name__)
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL
-
-
-class TrainingPreempted(NipflowError):
-    """Training stopped on a signal after checkpointing the last finished iteration."""
-
-    def __init__(self, signum: int, iteration: int):
-        self.signum = signum
-        self.iteration = iteration
-        super().__init__(f"training preempted by {signal.Signals(signum).name}: checkpoint of iteration {iteration} "
-                         f"saved; resume the run to continue from it")
 
 
 class PreemptionGuard:

@@ -1,86 +1,42 @@
 """Trainer registry: ``@register_trainer("vanilla_ppo")`` is the one place a trainer is declared.
 
 A trainer class states what it is as class attributes, checked when it is registered:
+``trainer_kind`` (``"tensordict"``, ``"pure_text"`` or ``"solo"``), ``needs_critic`` and,
+optionally, ``critic_switch`` (see :mod:`nip_core.parameters.trainer_specs`). The base
+classes set them — ``TensorDictTrainer`` (from nip's ``trainer_type``) and
+``PureTextRlTrainer`` — so a subclass needs only the decorator, as in nip's guide.
 
-``trainer_kind``
-    ``"tensordict"`` (TorchRL agents on a TensorDict scenario), ``"pure_text"`` (text
-    agents behind an OpenAI-shaped API; the ``code_validation`` scenario) or ``"solo"``
-    (supervised training of each agent alone).
-``needs_critic``
-    Whether the scenario builds value heads for it (actor-critic trainers).
-``critic_switch`` (optional)
-    For a trainer without ``needs_critic`` that can still use a critic: the dotted path of
-    the boolean hyper-parameter that turns the critic on
-    (``"reinforce.use_advantage_and_critic"``).
-
-Everything else derives from the registry: the trainer names ``HyperParameters`` accepts
-(:func:`registered_trainer_names`), which trainers are pure-text (:func:`trainer_kind`) and
-which get value heads (:func:`trainer_uses_critic`). Built-in trainers are registered by
-importing :mod:`nip_core.trainers.catalogue`; a user's trainer is registered by importing
-the module that defines it.
-
-This module imports nothing heavy (the parameters import it, and ``build_trainer`` lives in
-:mod:`nip_core.trainers.build`): a built-in trainer that is not imported yet is answered
-from :data:`~nip_core.trainers.built_ins.BUILT_IN_TRAINERS`, so validating a trainer name
-imports neither torch nor any trainer; :func:`get_trainer_class` imports the catalogue.
+The class is kept here (:data:`TRAINER_REGISTRY`, :func:`get_trainer_class`); what it
+declared is recorded in :mod:`nip_core.parameters.trainer_specs`, below the parameters,
+which is where every question about a trainer *name* is answered (the names
+``HyperParameters`` accepts, which trainers are pure-text, which get value heads) without
+importing a trainer. Built-in trainers are registered by importing
+:mod:`nip_core.trainers.catalogue`, which :func:`get_trainer_class` does when a trainer is
+built; a user's trainer is registered by importing the module that defines it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-from nip_core.trainers.built_ins import BUILT_IN_TRAINERS
+from nip_core.parameters.trainer_specs import (TRAINER_KINDS, TrainerSpec, UnknownTrainerError, declare, declared,
+                                               forget)
 
 T = TypeVar("T", bound=type)
 
-TRAINER_KINDS = ("tensordict", "pure_text", "solo")
-
 #: name -> trainer class (tests may swap in a stand-in class under a registered name)
 TRAINER_REGISTRY: dict[str, type] = {}
-
-
-@dataclass(frozen=True)
-class TrainerSpec:
-    """What a registered trainer declared: its name, kind and critic use."""
-
-    name: str
-    kind: str
-    needs_critic: bool
-    critic_switch: str | None
-    class_name: str
-
-
-# name -> what the class registered under that name declared (kept apart from the class so
-# that a test stand-in swapped into ``TRAINER_REGISTRY`` keeps the name's declared kind)
-_SPECS: dict[str, TrainerSpec] = {}
-
-
-class UnknownTrainerError(KeyError):
-    """A trainer name nobody registered; the message lists the registered ones."""
-
-    def __init__(self, name: str):
-        self.name = name
-        super().__init__(unknown_trainer_message(name))
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return self.args[0]
 
 
 class TrainerRegistrationError(TypeError):
     """A trainer class that does not declare what the registry needs (names the class)."""
 
 
-def unknown_trainer_message(name: Any) -> str:
-    return f"unknown trainer {name!r} (registered: {', '.join(registered_trainer_names())})"
-
-
 def _resolve_switch(cls: type, switch: Any) -> str | None:
     """Check ``critic_switch``: ``None`` or the dotted path of a bool hyper-parameter.
 
     The path is looked up in the class's ``hyper_params_model`` (``HyperParameters`` for
-    every subclass of :class:`~nip_core.trainers.base.Trainer`), so that this module
-    imports no parameters: the parameters import it.
+    every subclass of :class:`~nip_core.trainers.base.Trainer`).
     """
     if switch is None:
         return None
@@ -146,11 +102,12 @@ def register_trainer(name: str) -> Callable[[T], T]:
         raise ValueError(f"trainer name must be an identifier, got {name!r}")
 
     def decorator(cls: T) -> T:
-        if name in _SPECS and TRAINER_REGISTRY.get(name) is not cls:
-            raise ValueError(f"trainer '{name}' is already registered by {_SPECS[name].class_name}")
+        previous = declared(name)
+        if previous is not None and TRAINER_REGISTRY.get(name) is not cls:
+            raise ValueError(f"trainer '{name}' is already registered by {previous.class_name}")
         spec = _spec_of(cls, name)
         TRAINER_REGISTRY[name] = cls
-        _SPECS[name] = spec
+        declare(spec)
         cls.trainer_name = name
         return cls
 
@@ -160,52 +117,11 @@ def register_trainer(name: str) -> Callable[[T], T]:
 def unregister_trainer(name: str) -> None:
     """Remove ``name`` from the registry (a trainer registered by a test or a plug-in)."""
     TRAINER_REGISTRY.pop(name, None)
-    _SPECS.pop(name, None)
+    forget(name)
 
 
 def _load_built_ins() -> None:
     import nip_core.trainers.catalogue  # noqa: F401  (registers the built-in trainers)
-
-
-def registered_trainer_names() -> list[str]:
-    """Every registered trainer name, the built-ins included, sorted (nothing is imported)."""
-    return sorted(set(_SPECS) | set(BUILT_IN_TRAINERS))
-
-
-def trainer_spec(name: str) -> TrainerSpec:
-    """What the trainer registered as ``name`` declared; raises :class:`UnknownTrainerError`.
-
-    A built-in trainer not imported yet is answered from what the catalogue states for it.
-    """
-    if name in _SPECS:
-        return _SPECS[name]
-    if name in BUILT_IN_TRAINERS:
-        built_in = BUILT_IN_TRAINERS[name]
-        return TrainerSpec(name=name, kind=built_in.kind, needs_critic=built_in.needs_critic,
-                           critic_switch=built_in.critic_switch, class_name=f"{built_in.module} (not imported)")
-    raise UnknownTrainerError(name)
-
-
-def trainer_kind(name: str) -> str:
-    """``"tensordict"``, ``"pure_text"`` or ``"solo"``."""
-    return trainer_spec(name).kind
-
-
-def is_text_trainer(name: str) -> bool:
-    return trainer_kind(name) == "pure_text"
-
-
-def trainer_uses_critic(hyper_params) -> bool:
-    """Whether the trainer of ``hyper_params`` trains a critic (and so needs value heads)."""
-    spec = trainer_spec(hyper_params.trainer)
-    if spec.needs_critic:
-        return True
-    if spec.critic_switch is None:
-        return False
-    value: Any = hyper_params
-    for part in spec.critic_switch.split("."):
-        value = getattr(value, part)
-    return bool(value)
 
 
 def get_trainer_class(name: str) -> type:

@@ -74,11 +74,11 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from nip_core.agents.operators import PolicyOperator, ValueOperator
 from nip_core.environments.episode_stats import episode_stats, loss_stats
 from nip_core.environments.rollouts import normalized_env, random_observation_stats
-from nip_core.errors import CheckpointNotFoundError
+from nip_core.errors import CheckpointNotFoundError, TrainingPreempted
 from nip_core.trainers.base import set_global_seed
 from nip_core.trainers.collectors import as_collector, make_collector
 from nip_core.trainers.precision import autocast_dtype, precision_context
-from nip_core.trainers.preemption import PreemptionGuard, TrainingPreempted
+from nip_core.trainers.preemption import PreemptionGuard
 from nip_core.trainers.optim import ParamGroupFreezer, backward_losses, build_optimizer, optimizer_step
 from nip_core.trainers.progress import attach_progress_bar
 from nip_core.trainers.tensordict_base import TensorDictTrainer, module_mode

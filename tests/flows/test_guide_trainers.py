@@ -16,8 +16,8 @@ import pytest
 from nip_core.runs import RunStore
 from nip_core.settings import ExperimentSettings
 from nip_core.trainers.build import build_trainer
-from nip_core.trainers.registry import (registered_trainer_names, trainer_kind, trainer_uses_critic,
-                                        unregister_trainer)
+from nip_core.parameters.trainer_specs import registered_trainer_names, trainer_kind, trainer_uses_critic
+from nip_core.trainers.registry import unregister_trainer
 
 pytestmark = [pytest.mark.e2e]
 

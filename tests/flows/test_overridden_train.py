@@ -76,5 +76,5 @@ def test_an_overridden_train_and_test_is_an_override_of_train_for_the_flow():
         def _train_and_test(self) -> None:
             raise AssertionError("not called here")
 
-    assert overrides_train(OwnLoop.__new__(OwnLoop), "tensordict")
-    assert not overrides_train(VanillaPpoTrainer.__new__(VanillaPpoTrainer), "tensordict")
+    assert overrides_train(OwnLoop.__new__(OwnLoop), "blocks")
+    assert not overrides_train(VanillaPpoTrainer.__new__(VanillaPpoTrainer), "blocks")

@@ -30,7 +30,7 @@ def test_the_dropdowns_list_exactly_the_registries():
     from nip_core.protocols import PROTOCOL_HANDLER_REGISTRY
     from nip_core.scenarios.code_validation.dataset import dataset_names
     from nip_core.scenarios.graph_isomorphism.named_datasets import NAMED_DATASETS
-    from nip_core.trainers.registry import registered_trainer_names
+    from nip_core.parameters.trainer_specs import registered_trainer_names
 
     schema = _schema()
     assert _enum(schema, "scenario") == ["graph_isomorphism", "code_validation"]

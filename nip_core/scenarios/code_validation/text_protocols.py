@@ -30,7 +30,6 @@ import torch
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 DECISION_RE = re.compile(r"^\s*decision\s*:\s*(accept|reject)\b", re.IGNORECASE)
-ANSWER_PREFIX_RE = re.compile(r"^\s*answer\s*:\s*", re.IGNORECASE)
 SHUFFLED_CHANNEL_PROTOCOLS = frozenset({"debate", "mnip"})
 
 

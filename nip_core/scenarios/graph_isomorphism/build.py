@@ -9,16 +9,10 @@ benchmarks may inject ready-made datasets or a protocol handler through keyword 
 
 from __future__ import annotations
 
+from nip_core.parameters.trainer_specs import trainer_uses_critic
 from nip_core.scenarios.graph_isomorphism.agents import build_agents, build_combined_agents
 from nip_core.scenarios.graph_isomorphism.environment import GraphIsomorphismEnvironment
 from nip_core.scenarios.registry import ScenarioInstance, register_scenario
-
-
-def trainer_uses_critic(hyper_params) -> bool:
-    """Whether the trainer trains a critic (value heads): what its registration declared."""
-    from nip_core.trainers.registry import trainer_uses_critic as declared
-
-    return declared(hyper_params)
 
 
 def load_datasets(hyper_params, settings):

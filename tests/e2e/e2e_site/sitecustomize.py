@@ -7,11 +7,12 @@ touching the deployed code is the interpreter's start-up: this directory is put 
 ``sitecustomize`` in every process of that worker, and when ``NIPFLOW_E2E_FAKES=1``
 
 * nothing happens at start-up (the worker itself imports no trainer code), but
-* once the package ``nip_core.trainers`` has been imported, its first trainer lookup
-  (``get_trainer_class``, which every ``build_trainer`` goes through) first calls
-  :func:`e2e_fakes.install`, which registers the fake trainers. (Deployment entrypoints
-  such as ``flows/experiment.py`` are loaded by file path, so a hook on ``flows.*`` would
-  come too late.)
+* right after ``nip_core.trainers.catalogue`` has registered the built-in trainers — which
+  the first trainer lookup (``get_trainer_class``, which every ``build_trainer`` goes
+  through) does, and nothing before it — :func:`e2e_fakes.install` registers the fake
+  trainers under the built-ins' names. (Deployment entrypoints such as
+  ``flows/experiment.py`` are loaded by file path, so a hook on ``flows.*`` would come too
+  late; the production code has no hook for this.)
 
 Without ``NIPFLOW_E2E_FAKES=1`` this module does nothing.
 """
@@ -23,26 +24,8 @@ if os.environ.get("NIPFLOW_E2E_FAKES") == "1":
     import importlib.abc
     import importlib.util
 
-    def _install_before_first_lookup(trainers):
-        """Make the first trainer lookup install the fakes (not the import itself: an
-        entrypoint script runs with its own folder first on ``sys.path``, where a flow
-        module could shadow a package of the same name)."""
-        from nip_core.trainers import registry
-
-        original = registry.get_trainer_class
-
-        def get_trainer_class(name):
-            if registry.get_trainer_class is get_trainer_class:
-                registry.get_trainer_class = trainers.get_trainer_class = original
-                import e2e_fakes
-
-                e2e_fakes.install()
-            return original(name)
-
-        registry.get_trainer_class = trainers.get_trainer_class = get_trainer_class
-
-    class _InstallFakesAfterTrainers(importlib.abc.MetaPathFinder):
-        target = "nip_core.trainers"
+    class _InstallFakesAfterCatalogue(importlib.abc.MetaPathFinder):
+        target = "nip_core.trainers.catalogue"
 
         def find_spec(self, fullname, path=None, target=None):
             if fullname != self.target:
@@ -53,11 +36,13 @@ if os.environ.get("NIPFLOW_E2E_FAKES") == "1":
                 return spec
             exec_module = spec.loader.exec_module
 
-            def exec_then_patch(module):
-                exec_module(module)
-                _install_before_first_lookup(module)
+            def exec_then_install(module):
+                exec_module(module)  # the built-in trainers are registered now
+                import e2e_fakes
 
-            spec.loader.exec_module = exec_then_patch
+                e2e_fakes.install()
+
+            spec.loader.exec_module = exec_then_install
             return spec
 
-    sys.meta_path.insert(0, _InstallFakesAfterTrainers())
+    sys.meta_path.insert(0, _InstallFakesAfterCatalogue())

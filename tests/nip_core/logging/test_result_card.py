@@ -6,13 +6,8 @@ import json
 
 import pytest
 
-from nip_core.logging.result_card import (
-    begin_invocation,
-    end_invocation,
-    invocation_count,
-    latest_invocation,
-    result_card,
-)
+from nip_core.logging.result_card import result_card
+from nip_core.runs.invocations import begin_invocation, end_invocation, invocation_count, latest_invocation
 from nip_core.parameters import HyperParameters
 from nip_core.runs import RunStore
 from tests.nip_core.trainers.gi_helpers import make_trainer, tiny_params

@@ -24,7 +24,7 @@ from nip_core.logging.wandb_reader import read_offline_runs
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
 from nip_core.runs import RunStore
-from nip_core.runs.wandb_restore import (
+from nip_core.wandb_restore import (
     WandbRestoreError,
     artifact_files,
     restore_from_offline_dir,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nip_core.trainers.preemption import PREEMPTED_EXIT_CODE, PreemptionGuard, TrainingPreempted
+from nip_core.errors import TrainingPreempted
+from nip_core.trainers.preemption import PREEMPTED_EXIT_CODE, PreemptionGuard
 from tests.nip_core.trainers.gi_helpers import TINY, make_trainer, params_of, tiny_params
 
 REPO = Path(__file__).resolve().parents[3]

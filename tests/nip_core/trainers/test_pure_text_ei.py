@@ -163,9 +163,8 @@ def test_overridden_sample_rollouts_and_get_log_stats_serve_training_and_testing
             stats["custom.rollouts"] = float(len(rollouts))
             return stats
 
-    looked_up = registry.get_trainer_class
-    monkeypatch.setattr(registry, "get_trainer_class",
-                        lambda name: CountingEi if name == "pure_text_ei" else looked_up(name))
+    registry.get_trainer_class("pure_text_ei")  # the built-ins are registered; then this one replaces its class
+    monkeypatch.setitem(registry.TRAINER_REGISTRY, "pure_text_ei", CountingEi)
     hp = params(tmp_path, rl={"num_iterations": 1, "rollouts_per_iteration": 8, "num_test_iterations": 1},
                 text_rl={"test_scheme": "last", "verifier_guess_replacement_proportion": 0.5})
     t = build_trainer(hp, settings(tmp_path, server.base_url, "custom-stats"))

@@ -287,7 +287,8 @@ def check_restored_files(run_id: str, files: dict[str, str], source: str) -> Res
         raise WandbRestoreError(f"{files[METADATA_FILE]}: run metadata without an incarnation")
     if meta.get("run_id", run_id) != run_id:
         raise WandbRestoreError(f"{files[METADATA_FILE]}: metadata of run {meta.get('run_id')!r}, not {run_id!r}")
-    from nip_core.trainers.registry import get_trainer_class, trainer_kind
+    from nip_core.parameters.trainer_specs import trainer_kind
+    from nip_core.trainers.registry import get_trainer_class
 
     iteration = None
     if STATE_FILE in files:
