@@ -53,7 +53,10 @@ from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer  # noqa: E402
 def paper_params(seed: int = 8144) -> HyperParameters:
     """The grid of nip's ``scripts/ppo_gi.py``, field by field (``tests/test_benchmark_paper_params.py``).
 
-    Fields the grid does not set stay at nip's defaults, which are nipflow's.
+    Fields the grid does not set stay at nip's defaults, which are nipflow's. The grid's
+    ``spg_variant`` ("spg") is not set: vanilla_ppo never reads ``spg.*``, and nipflow refuses a
+    value in a field the trainer does not read (docs/behaviour.md#b43), so it cannot change the
+    workload.
     """
     common = dict(num_transformer_layers=1, num_heads=4, d_transformer=16, d_transformer_mlp=64, d_gnn=16,
                   d_gin_mlp=64, d_value=16, num_value_layers=2, activation_function="tanh",
@@ -66,7 +69,6 @@ def paper_params(seed: int = 8144) -> HyperParameters:
                 gamma=0.95, lmbda=0.95, max_grad_norm=0.5, normalize_observations=True, use_shared_body=False,
                 loss_critic_type="smooth_l1"),
         ppo=dict(clip_epsilon=0.2, entropy_eps=0.001, normalize_advantage=True),
-        spg=dict(variant="spg"),
         protocol_common=dict(verifier_first=True, verifier_no_guess_reward=0.05, verifier_terminated_penalty=-1.0),
         nip_protocol=dict(min_message_rounds=3, max_message_rounds=8),
     )

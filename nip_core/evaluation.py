@@ -126,7 +126,7 @@ def _eval_params(params, num_pairs: int, mode: str):
     data = params.to_dict()
     data["rl"]["frames_per_batch"] = None
     data["rl"]["rollouts_per_iteration"] = num_pairs
-    return HyperParameters.from_dict(data)
+    return HyperParameters.from_dict(data, stored=True)  # the run's own parameters, re-shaped
 
 
 def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | None = None, *,

@@ -281,7 +281,8 @@ def check_restored_files(run_id: str, files: dict[str, str], source: str) -> Res
         if required not in files:
             raise WandbRestoreError(f"{source} holds no {required} of run {run_id!r} (nothing to restore "
                                     "from: was it logged with W&B on, by this version of nipflow?)")
-    params = HyperParameters.from_dict(_read_json(files[PARAMS_FILE], "parameters"), source=files[PARAMS_FILE])
+    params = HyperParameters.from_dict(_read_json(files[PARAMS_FILE], "parameters"), source=files[PARAMS_FILE],
+                                      stored=True)
     meta = _read_json(files[METADATA_FILE], "run metadata")
     if not isinstance(meta, dict) or not meta.get("incarnation"):
         raise WandbRestoreError(f"{files[METADATA_FILE]}: run metadata without an incarnation")

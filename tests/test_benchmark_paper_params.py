@@ -99,7 +99,34 @@ def _at(tree: dict, path: str):
 
 @pytest.mark.parametrize("field", sorted(NIP_PPO_GI_GRID))
 def test_paper_params_has_the_grid_value_of(field):
+    """The grid's value, or, in a field vanilla_ppo never reads, a value refused (so no effect)."""
+    from nip_core.parameters import HyperParameters, ParameterError
+    from nip_core.parameters.field_use import reads
+
     paths, expected = NIP_PPO_GI_GRID[field]
-    dumped = paper_params().model_dump()
+    params = paper_params()
+    dumped = params.model_dump()
     for path in paths:
-        assert _at(dumped, path) == expected, f"{field} -> {path}"
+        generic = ".".join(["agents", "*", *path.split(".")[2:]]) if path.startswith("agents.") else path
+        if reads(params.trainer, generic):
+            assert _at(dumped, path) == expected, f"{field} -> {path}"
+            continue
+        data = params.to_dict()
+        node = data
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = expected
+        if _at(params.model_dump(), path) != expected:  # the grid's value differs from nipflow's default
+            with pytest.raises(ParameterError, match=f"the vanilla_ppo trainer does not read {generic}"):
+                HyperParameters.from_dict(data)
+
+
+def test_the_grid_fields_vanilla_ppo_never_reads_are_the_spg_ones():
+    from nip_core.parameters.field_use import reads
+
+    unread = sorted(field for field, (paths, _) in NIP_PPO_GI_GRID.items()
+                    if not all(reads("vanilla_ppo", p if not p.startswith("agents.") else
+                                     ".".join(["agents", "*", *p.split(".")[2:]])) for p in paths))
+    assert unread == ["ihvp_num_iterations", "ihvp_rank", "ihvp_rho", "ihvp_variant", "spg_variant",
+                      "stackelberg_sequence"]

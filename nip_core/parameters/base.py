@@ -158,10 +158,23 @@ def dotted_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) if parts else "<root>"
 
 
+class FieldProblems(ValueError):
+    """Raised by a model validator that found problems at several dotted paths at once."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{path}: {msg}" for path, msg in problems))
+
+
 def problems_from_validation_error(error: ValidationError) -> list[tuple[str, str]]:
     """Extract ``(dotted_path, message)`` pairs from a pydantic error, deduplicated."""
     seen: dict[str, str] = {}
     for err in error.errors(include_url=False):
+        raised = (err.get("ctx") or {}).get("error")
+        if isinstance(raised, FieldProblems):  # a model validator's findings, each with its own path
+            for path, msg in raised.problems:
+                seen.setdefault(path, msg)
+            continue
         path = dotted_path(tuple(err["loc"]))
         msg = err["msg"]
         if err["type"] == "extra_forbidden":

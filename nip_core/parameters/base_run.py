@@ -42,4 +42,6 @@ def merge_with_base_run(current: HyperParameters, base: HyperParameters) -> Hype
         for part in parents:
             node = node[part]
         node[leaf] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
-    return HyperParameters.from_dict(data, source=f"base run '{current.base_run.run_id}' + current preserved fields")
+    # the base run's stored parameters: loaded as stored (a run made before a refusal still serves as a base)
+    return HyperParameters.from_dict(data, source=f"base run '{current.base_run.run_id}' + current preserved fields",
+                                     stored=True)

@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, model_validator
 
 from nip_core.parameters.agents import (
     AGENT_PARAMS_BY_SCENARIO,
@@ -18,11 +18,13 @@ from nip_core.parameters.agents import (
     AnyAgentParameters,
 )
 from nip_core.parameters.base import (
+    FieldProblems,
     ParameterError,
     ParamsModel,
     problems_from_validation_error,
     unsupported_field,
 )
+from nip_core.parameters.field_use import unread_fields
 from nip_core.parameters.protocols import (
     CommonProtocolParameters,
     DebateProtocolParameters,
@@ -200,7 +202,7 @@ class HyperParameters(ParamsModel):
         return {**data, "agents": filled}
 
     @model_validator(mode="after")
-    def _check_consistency(self) -> "HyperParameters":
+    def _check_consistency(self, info: ValidationInfo) -> "HyperParameters":
         expected = AGENT_PARAMS_BY_SCENARIO[self.scenario]
         if DEFAULT_AGENT_KEY not in self.agents:
             # Assigning through __dict__ avoids re-running validation on a partial model.
@@ -220,8 +222,10 @@ class HyperParameters(ParamsModel):
             raise ValueError(
                 f"trainer '{self.trainer}' cannot train scenario '{self.scenario}'"
             )
-        if self.protocol_common.zero_knowledge and self.scenario == "code_validation":
-            raise ValueError("protocol_common.zero_knowledge is not available for code_validation")
+        if not (info.context or {}).get("stored"):  # a stored run keeps loading (docs/behaviour.md#b43)
+            unread = unread_fields(self)
+            if unread:
+                raise FieldProblems(unread)
         return self
 
     # -- access ------------------------------------------------------------------------
@@ -237,10 +241,15 @@ class HyperParameters(ParamsModel):
         return self.model_dump(mode="json")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str | None = None) -> "HyperParameters":
-        """Validate a nested dict; errors name the dotted field path (and ``source``)."""
+    def from_dict(cls, data: dict[str, Any], source: str | None = None, *, stored: bool = False) -> "HyperParameters":
+        """Validate a nested dict; errors name the dotted field path (and ``source``).
+
+        ``stored``: the parameters of an existing run (its ``hyper_params.json``, a W&B
+        restore): fields its trainer does not read are not refused, so that runs made before
+        that refusal keep loading and resuming.
+        """
         try:
-            return cls.model_validate(data)
+            return cls.model_validate(data, context={"stored": True} if stored else None)
         except ValidationError as e:
             raise ParameterError(problems_from_validation_error(e), source) from None
 

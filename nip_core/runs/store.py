@@ -328,7 +328,7 @@ class RunStore:
             data = json.loads(storage.read_bytes(PARAMS_FILE))
         except ValueError as e:
             raise CorruptCheckpointError(storage.full(PARAMS_FILE), f"invalid JSON ({e})") from None
-        return HyperParameters.from_dict(data, source=storage.full(PARAMS_FILE))
+        return HyperParameters.from_dict(data, source=storage.full(PARAMS_FILE), stored=True)
 
     def open_run(
         self,

@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from nip_core.parameters import ParameterError
 from nip_core.trainers.checkpoint_files import load_run_checkpoint, save_run_checkpoint
 from nip_core.trainers.pretrain import (
     solo_loss_and_accuracy,
@@ -46,14 +45,7 @@ class SoloAgentTrainer(TensorDictTrainer):
     trainer_type = "solo_agent"  # so: trainer_kind "solo", no critic (TensorDictTrainer.__init_subclass__)
 
     def __init__(self, hyper_params, *args, **kwargs):
-        # One fp32 Adam per agent (solo_agent.*): refuse, before anything is opened, what it would ignore.
-        ignored = [(f"rl.{name}", f"the solo_agent trainer trains in fp32 with one Adam per agent "
-                                  f"(solo_agent.learning_rate, solo_agent.body_lr_factor_override); it does not "
-                                  f"use rl.{name} (got {value!r})")
-                   for name, value, default in (("optimizer", hyper_params.rl.optimizer, "adam"),
-                                                ("precision", hyper_params.rl.precision, "fp32")) if value != default]
-        if ignored:
-            raise ParameterError(ignored)
+        # rl.optimizer, rl.precision and the rest of rl.* are refused by the parameters (field_use.READERS)
         super().__init__(hyper_params, *args, **kwargs)
         hp = self.hyper_params
         self.solo_names = solo_names(self.agents)

@@ -19,10 +19,11 @@ BASE = {"scenario": "graph_isomorphism", "trainer": "vanilla_ppo", "dataset": "t
 def full_params() -> HyperParameters:
     return HyperParameters.from_dict({
         **BASE,
+        "trainer": "spg",  # reads ppo's common fields and spg.* (docs/behaviour.md#b43)
         "interaction_protocol": "debate",
         "seed": 42,
         "rl": {"num_iterations": 7, "lr": 1e-4, "clip_value": 0.3},
-        "ppo": {"loss_type": "kl_penalty"},
+        "ppo": {"clip_epsilon": 0.3},
         "spg": {"variant": "lola", "stackelberg_sequence": [["verifier"], ["prover0", "prover1"]]},
         "debate_protocol": {"sequential": True, "max_message_rounds": 9},
         "protocol_common": {"zero_knowledge": True, "force_guess": "y"},
@@ -121,7 +122,7 @@ def test_agent_kind_must_match_scenario():
 
 
 def test_dotted_overrides_validate_the_same_way():
-    data = apply_overrides(BASE, ["rl.num_iterations=50", "agents.verifier.d_gnn=8",
+    data = apply_overrides({**BASE, "trainer": "spg"}, ["rl.num_iterations=50", "agents.verifier.d_gnn=8",
                                   "protocol_common.force_guess=zero", "spg.stackelberg_sequence=[[\"verifier\"]]"])
     hp = HyperParameters.from_dict(data)
     assert hp.rl.num_iterations == 50

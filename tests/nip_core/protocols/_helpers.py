@@ -24,7 +24,8 @@ REWARDS = {
 
 def make_params(protocol: str, scenario: str = "graph_isomorphism", common: dict | None = None,
                 **groups) -> HyperParameters:
-    trainer = "pure_text_ei" if scenario == "code_validation" else "vanilla_ppo"
+    # spg reads spg.stackelberg_sequence (a field the trainer does not read is refused)
+    trainer = "pure_text_ei" if scenario == "code_validation" else "spg" if "spg" in groups else "vanilla_ppo"
     return HyperParameters(scenario=scenario, trainer=trainer, dataset="test",
                            interaction_protocol=protocol,
                            protocol_common={**REWARDS, **(common or {})}, **groups)

@@ -11,12 +11,18 @@ from tests.nip_core.environments.standins import RandomGraphDataset
 TINY = GraphIsomorphismAgentParameters.construct_test_params().model_dump()
 
 
+#: the heads solo training never builds (refused for solo_agent: nip_core/parameters/field_use.py)
+_NOT_SOLO = ("d_node_selector", "num_node_selector_layers", "d_value", "num_value_layers")
+TINY_SOLO = {k: v for k, v in TINY.items() if k not in _NOT_SOLO}
+
+
 def tiny_params(trainer="vanilla_ppo", agents=None, **overrides) -> HyperParameters:
-    rl = dict(frames_per_batch=32, num_iterations=6, minibatch_size=16, num_epochs=2, num_test_iterations=1,
-              num_normalization_steps=5)
+    """Tiny widths; for solo_agent without the RL loop's fields and the heads it never builds."""
+    rl = {} if trainer == "solo_agent" else dict(frames_per_batch=32, num_iterations=6, minibatch_size=16,
+                                                 num_epochs=2, num_test_iterations=1, num_normalization_steps=5)
     rl.update(overrides.pop("rl", {}))
     return HyperParameters(scenario="graph_isomorphism", trainer=trainer, dataset="test", d_representation=4,
-                           agents=agents or {"_default": TINY}, rl=rl,
+                           agents=agents or {"_default": TINY_SOLO if trainer == "solo_agent" else TINY}, rl=rl,
                            nip_protocol=dict(max_message_rounds=4), **overrides)
 
 

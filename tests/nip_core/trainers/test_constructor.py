@@ -47,10 +47,11 @@ def test_settings_and_fields_a_trainer_would_ignore_are_refused_naming_them(tmp_
     from nip_core.parameters import ParameterError
     from nip_core.trainers.solo_agent import SoloAgentTrainer
 
+    # solo_agent trains in fp32 with one Adam per agent (solo_agent.*): rl.* is refused by the parameters
     for rl, field in (({"optimizer": "sgd"}, "rl.optimizer"), ({"precision": "bf16"}, "rl.precision")):
-        hp = tiny_params("solo_agent", rl=rl)
-        with pytest.raises(ParameterError, match=rf"{field}: the solo_agent trainer trains in fp32 with one Adam"):
-            SoloAgentTrainer(hp, None, settings_for(tmp_path))
+        with pytest.raises(ParameterError, match=rf"{field}: the solo_agent trainer does not read {field} \(read by "
+                                                 rf"the TensorDict RL trainers\)"):
+            HyperParameters.from_dict(dict(scenario="graph_isomorphism", trainer="solo_agent", dataset="test", rl=rl))
     hp = HyperParameters(scenario="code_validation", trainer="pure_text_ei", dataset="nipflow-cv")
     settings = ExperimentSettings(use_wandb=False, runs_dir=str(tmp_path / "runs"), num_rollout_workers=2)
     with pytest.raises(ParameterError, match=r"settings.num_rollout_workers: pure-text trainers sample through "

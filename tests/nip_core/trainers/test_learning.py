@@ -47,7 +47,8 @@ def test_nip_verifier_learns_above_chance(tmp_path, precision):
 
 @pytest.mark.slow
 def test_solo_verifier_learns_above_chance(tmp_path):
-    hp = tiny_params("solo_agent", agents={"_default": SMALL_AGENT},
+    solo_agent = {k: v for k, v in SMALL_AGENT.items() if k not in ("d_value", "d_node_selector")}  # heads solo never builds
+    hp = tiny_params("solo_agent", agents={"_default": solo_agent},
                      solo_agent=dict(num_epochs=12, batch_size=32, learning_rate=3e-3))
     settings = settings_for(tmp_path)
     scenario = build_graph_isomorphism(hp, settings, trainer_type="solo_agent", **datasets())

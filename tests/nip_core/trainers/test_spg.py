@@ -79,3 +79,20 @@ def test_sos_update_rules():
     small = [torch.tensor([0.05, 0.0])]  # |xi|^2 = 0.0025 < 0.01 -> p2 = 0.0025
     assert torch.allclose(compute_sos_update(small, zero, [torch.tensor([-1.0, 0.0])], 0.5, 0.1)[0],
                           torch.tensor([0.05 + 0.0025, 0.0]))
+
+
+@pytest.mark.parametrize("variant", ["sos", "psos"])
+def test_the_trainer_hands_its_sos_factors_to_the_update(tmp_path, monkeypatch, variant):
+    """spg.sos_scaling_factor and spg.sos_threshold_factor reach the SOS rule (whose effect
+    test_sos_update_rules shows); the tiny probes' gradients never reach its thresholds."""
+    import nip_core.trainers.objectives.spg as objectives
+
+    seen = []
+    real = objectives.compute_sos_update
+    monkeypatch.setattr(objectives, "compute_sos_update",
+                        lambda xi, hgp, chi, a, b: seen.append((a, b)) or real(xi, hgp, chi, a, b))
+    hp = tiny_params("spg", spg=dict(variant=variant, ihvp_rank=3, sos_scaling_factor=0.25, sos_threshold_factor=3.0),
+                     rl={"num_iterations": 1})
+    settings = settings_for(tmp_path)
+    SpgTrainer(hp, settings=settings, scenario_instance=tiny_scenario(hp, settings)).run_iterations(0, 1)
+    assert seen and set(seen) == {(0.25, 3.0)}

@@ -12,9 +12,15 @@ from nip_core.settings import ExperimentSettings
 from nip_core.trainers.build import build_trainer
 
 TINY = GraphIsomorphismAgentParameters.construct_test_params().model_dump()
+TINY_SOLO = {k: v for k, v in TINY.items()
+             if k not in ("d_node_selector", "num_node_selector_layers", "d_value", "num_value_layers")}
 
 
 def params(trainer="vanilla_ppo", protocol="nip", **kw):
+    if trainer == "solo_agent":  # no RL loop, no node-selector or value heads (docs/behaviour.md#b43)
+        return HyperParameters(scenario="graph_isomorphism", trainer=trainer, dataset="test",
+                               interaction_protocol=protocol, d_representation=2, agents={"_default": TINY_SOLO},
+                               **kw)
     rl = dict(frames_per_batch=16, num_iterations=2, num_epochs=1, minibatch_size=8, num_test_iterations=1,
               num_normalization_steps=3)
     rl.update(kw.pop("rl", {}))
