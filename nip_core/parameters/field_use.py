@@ -67,6 +67,8 @@ READERS: dict[str, frozenset[str]] = {
     "reinforce.": frozenset({"reinforce"}),
     "solo_agent.": frozenset({"solo_agent", TD}),  # TD: how pretrain_agents trains the bodies
     "text_rl.": frozenset({TEXT}),
+    # MALT trains the verifier on its own decisions at the tree's nodes: no guess replacement
+    "text_rl.verifier_guess_replacement_": frozenset({"pure_text_ei"}),
     "pure_text_ei.": frozenset({"pure_text_ei"}),
     "pure_text_malt.": frozenset({"pure_text_malt"}),
     # the protocol: solo training reads only which agents there are and how many rounds

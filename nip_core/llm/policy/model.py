@@ -17,11 +17,12 @@ server's data directory.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -146,11 +147,26 @@ class PolicyModel:
         scores = plan(features, pool).scores(self.weights)
         return Evaluation(fmt=fmt, features=features, candidates=pool, scores=scores)
 
+    @cached_property
+    def identity(self) -> int:
+        """What seeds this model's sampling: its name for a base model, else what it learned.
+
+        A fine-tuned model's name carries the job's random id; seeding by its weights and
+        learned responses instead makes two identical runs sample the same after a fine-tune
+        (the field probes of #29 compare such runs).
+        """
+        if canonical_base(self.name) is not None:
+            return string_hash(self.name)
+        learned = hashlib.sha256(self.base.encode() + np.ascontiguousarray(self.weights).tobytes())
+        for candidate in self.memory:
+            learned.update(f"\0{candidate.kind}\0{candidate.template}\0{candidate.text}".encode())
+        return int.from_bytes(learned.digest()[:4], "little")
+
     def _rng(self, seed: int | None, features: PromptFeatures) -> np.random.Generator:
         if seed is None:
             return np.random.default_rng()
         digest = zlib.crc32(features.ids.tobytes())
-        return np.random.default_rng([seed % (1 << 63), string_hash(self.name), digest])
+        return np.random.default_rng([seed % (1 << 63), self.identity, digest])
 
     def generate(
         self,

@@ -201,20 +201,54 @@ def agent_field_info(scenario: str, path: str) -> tuple[FieldInfo, Any]:
 # --- running a probe ---------------------------------------------------------------------
 
 
-def fingerprint(config: dict[str, Any], workdir: Path, *, data_dir: Path) -> dict[str, Any]:
-    """Train ``config`` in ``workdir`` and return what the trainer did (see the module's text)."""
+#: Files a text run writes once and never changes (docs/behaviour.md): once such a file of a
+#: perturbed run differs from the finished base run's, the runs differ whatever comes next.
+_WRITTEN_ONCE = re.compile(r"^(rollouts|stages|transcripts|models)/")
+
+
+def first_difference(partial: dict[str, Any], finished: dict[str, Any]) -> str | None:
+    """A written-once file of a run in progress that the finished ``finished`` run does not have as is."""
+    for rel, content in partial.items():
+        if _WRITTEN_ONCE.match(rel) and (rel not in finished or finished[rel] != content):
+            return rel
+    return None
+
+
+def fingerprint(config: dict[str, Any], workdir: Path, *, data_dir: Path, api_url: str | None = None,
+                reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train ``config`` in ``workdir`` and return what the trainer did (see the module's text).
+
+    Text trainers talk to the OpenAI-compatible server at ``api_url`` (the local server's
+    stand-in model: seeded sampling, fine-tunes that repeat exactly) and run stage by stage,
+    as ``train()`` does; given the ``reference`` fingerprint of a finished run, a text run
+    stops after the first stage whose written-once files differ from it (``stopped_at``
+    names the file), which is enough to tell the two apart.
+    """
     import torch
 
     from nip_core.settings import ExperimentSettings
     from nip_core.trainers.build import build_trainer
 
     hp = HyperParameters.model_validate(config)
+    text = {} if api_url is None else dict(openai_base_url=api_url, fine_tune_poll_interval_s=0.02,
+                                            fine_tune_poll_max_interval_s=0.05, max_concurrent_requests=8)
     settings = ExperimentSettings(use_wandb=False, runs_dir=str(workdir / "runs"), data_dir=str(data_dir),
-                                  run_id="probe", show_progress=False)
+                                  run_id="probe", show_progress=False, **text)
     torch.set_num_threads(1)
     trainer = build_trainer(hp, settings)
-    trainer.train()
-    out: dict[str, Any] = {"run": run_dir_fingerprint(workdir / "runs" / "probe")}
+    run_dir = workdir / "runs" / "probe"
+    if reference is not None and api_url is not None:
+        from nip_core.trainers.stage_machine import Stage
+
+        while trainer.next_stage().stage is not Stage.DONE:
+            trainer.run_stage(trainer.next_stage().stage)
+            partial = run_dir_fingerprint(run_dir)
+            differing = first_difference(partial, reference["run"])
+            if differing is not None:
+                return {"run": partial, "stopped_at": differing}
+    else:
+        trainer.train()
+    out: dict[str, Any] = {"run": run_dir_fingerprint(run_dir)}
     agents = getattr(trainer, "agents", None)
     if isinstance(agents, torch.nn.Module):
         out["weights"] = tensor_digest(agents.state_dict())

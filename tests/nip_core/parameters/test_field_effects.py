@@ -5,22 +5,26 @@ For each built-in trainer and each hyper-parameter field:
 * if the trainer does not read it (``nip_core/parameters/field_use.py``), setting it away from
   its default is refused, naming the field and the trainer, before anything is opened (all
   six trainers);
-* if a TorchRL or solo trainer reads it, a perturbation probe (``field_probes.py``) trains a
+* if the trainer reads it, a perturbation probe (``field_probes.py``) trains a
   tiny experiment with the field at a base value and at another value, through
   ``build_trainer`` as ``nipflow run --direct`` does, and the two runs must leave different
-  fingerprints (trained weights, metrics, checkpoints, with clocks taken out); two runs of the
+  fingerprints (trained weights, metrics, checkpoints, rollouts, fine-tune records, with clocks
+  and ids taken out); two runs of the
   same configuration must leave the same one (:func:`test_a_probe_run_repeats_exactly`).
 
 A probe may need other fields set first (:data:`PROBES`: the ``context``), e.g. the KL
 coefficients of PPO act only with ``ppo.loss_type="kl_penalty"``; it gives the value to try
 where the automatic choice does not fit. The few fields whose effect needs what the probes do
-not run (a base run to start from; gradients large enough for the SOS thresholds) name the
+not run (a base run to start from; gradients large enough for the SOS thresholds; a server
+that constrains decisions; failing fine-tune jobs; prompts, which the stand-in model reads as a
+bag of words) name the
 tests that show it (:data:`PROVEN_BY`), and this module checks those tests exist.
 
-The text trainers' reads are not probed yet: on the local API server's stand-in model two
-identical text runs diverge after the first fine-tune (the stand-in seeds its sampling with
-the fine-tuned model's random id), and the probes took about 12 minutes of the two-core CI
-machine. See the closing note of #29.
+The text trainers run against the local API server's stand-in model (fine-tunes finish at
+once; sampling seeded by what a model learned, so runs repeat). A perturbed text run is
+compared stage by stage with its finished base run and stops at the first written-once file
+that differs (``field_probes.fingerprint``), which keeps the ~100 text probes to about two
+minutes on two cores.
 
 Not probed: ``scenario`` and ``trainer`` (they choose what runs), fields refused whatever the
 trainer (``unsupported_field``: ``test_refused_fields.py``), fields with one valid value, and
@@ -30,6 +34,7 @@ the run settings (``ExperimentSettings``: how a run is executed, not what it com
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +66,9 @@ _GI = dict(scenario="graph_isomorphism", dataset="probe", d_representation=4, ni
            dataset_options=dict(max_train_size=24, max_test_size=8))
 _TD_RL = dict(frames_per_batch=16, num_iterations=2, minibatch_size=8, num_epochs=1, num_test_iterations=1,
               num_normalization_steps=5)
-_TEXT = dict(scenario="code_validation", dataset="nipflow-cv", nip_protocol={"max_message_rounds": 2},
+# four rounds and 12 rollouts: enough verifier examples for a fine-tune job in each of the two
+# iterations (a group with fewer than 10 gets none), about 1 s (EI) and 4 s (MALT) a run
+_TEXT = dict(scenario="code_validation", dataset="nipflow-cv", nip_protocol={"max_message_rounds": 4},
              rl={"num_iterations": 2, "rollouts_per_iteration": 12},
              dataset_options={"max_train_size": 12, "max_test_size": 4})
 
@@ -71,7 +78,8 @@ BASES: dict[str, dict[str, Any]] = {
     "reinforce": dict(_GI, trainer="reinforce", agents={"_default": _TINY}, rl=_TD_RL),
     "solo_agent": dict(_GI, trainer="solo_agent", agents={"_default": _TINY_SOLO},
                        solo_agent=dict(num_epochs=2, batch_size=8), dataset_options=dict(max_train_size=24)),
-    "pure_text_ei": dict(_TEXT, trainer="pure_text_ei"),
+    # every rollout selected: a fine-tune job for the verifier's group in each iteration
+    "pure_text_ei": dict(_TEXT, trainer="pure_text_ei", pure_text_ei={"reward_threshold": -1.0}),
     "pure_text_malt": dict(_TEXT, trainer="pure_text_malt"),
 }
 
@@ -83,6 +91,21 @@ _WITH_CRITIC = {"reinforce.use_advantage_and_critic": True}
 _THREE_ITERATIONS = {"rl.num_iterations": 3}
 _PRETRAIN = {"pretrain_agents": True}
 _SLOW_BODY = {"agents._default.body_lr_factor": {"actor": 0.5, "critic": 0.5}}
+_TESTED = {"text_rl.test_scheme": "last"}
+_DECIDE_AT_ONCE = {"nip_protocol.max_message_rounds": 2}
+_GUESSES_REPLACED = {"text_rl.verifier_guess_replacement_proportion": 0.5}
+
+
+def _two_prover_probes(protocol: str, name: str) -> list["Probe"]:
+    """Probes of a debate/MNIP field: with that protocol chosen (MALT in two rounds, EI in four:
+    MALT's tree grows with the rounds), ``prover0_first`` with sequential provers."""
+    td = {"interaction_protocol": protocol}
+    ei, malt = ({**td, f"{protocol}_protocol.max_message_rounds": n} for n in (4, 2))
+    if name == "prover0_first":
+        td, ei, malt = ({**c, f"{protocol}_protocol.sequential": True} for c in (td, ei, malt))
+    value = {"max_message_rounds": (4, 3, 3), "prover0_first": (False, False, False)}.get(name, (None,) * 3)
+    return [Probe(value[0], td, trainers=TD_TRAINERS), Probe(value[1], ei, trainers=("pure_text_ei",)),
+            Probe(value[2], malt, trainers=("pure_text_malt",))]
 
 
 class Probe:
@@ -97,12 +120,15 @@ class Probe:
 PROBES: dict[str, list[Probe]] = {
     "dataset": [Probe("probe-alt")],
     "rl.num_iterations": [Probe(3)],
-    "rl.num_test_iterations": [Probe(2)],
+    "rl.num_test_iterations": [Probe(2, trainers=TD_TRAINERS), Probe(2, _TESTED, trainers=TEXT_TRAINERS)],
     "rl.num_normalization_steps": [Probe(6)],
-    "rl.frames_per_batch": [Probe(24)],
+    "rl.frames_per_batch": [Probe(24, trainers=TD_TRAINERS),
+                            # the text trainers' fallback for rl.rollouts_per_iteration
+                            Probe(8, {"rl.rollouts_per_iteration": None, "rl.frames_per_batch": 12},
+                                  trainers=TEXT_TRAINERS)],
     "rl.rollouts_per_iteration": [Probe(2, {"rl.frames_per_batch": None, "rl.rollouts_per_iteration": 4})],
     "rl.minibatch_size": [Probe(4)],
-    "nip_protocol.max_message_rounds": [Probe(8)],
+    "nip_protocol.max_message_rounds": [Probe(8, trainers=TD_TRAINERS), Probe(3, trainers=TEXT_TRAINERS)],
     "test_size": [Probe(0.5, _PRETRAIN, trainers=RL_TRAINERS),
                   Probe(0.5, trainers=("solo_agent",))],
     "solo_agent.num_epochs": [Probe(3, trainers=("solo_agent",)), Probe(3, _PRETRAIN, trainers=RL_TRAINERS)],
@@ -146,19 +172,40 @@ PROBES: dict[str, list[Probe]] = {
     "spg.stackelberg_sequence": [Probe([["prover"], ["verifier"]])],
     "rl.betas": [Probe([0.5, 0.9])],
     "rl.momentum": [Probe(0.5, {"rl.optimizer": "sgd"})],
-    **{f"debate_protocol.{name}": [Probe(None, {"interaction_protocol": "debate"})]
+    **{f"{protocol}_protocol.{name}": _two_prover_probes(protocol, name)
+       for protocol in ("debate", "mnip")
        for name in ("max_message_rounds", "min_message_rounds", "sequential", "prover0_first",
                     "randomize_channel_order")},
-    **{f"mnip_protocol.{name}": [Probe(None, {"interaction_protocol": "mnip"})]
-       for name in ("max_message_rounds", "min_message_rounds", "sequential", "prover0_first",
-                    "randomize_channel_order")},
-    "debate_protocol.max_message_rounds": [Probe(4, {"interaction_protocol": "debate"})],
-    "mnip_protocol.max_message_rounds": [Probe(4, {"interaction_protocol": "mnip"})],
-    "debate_protocol.prover0_first": [Probe(False, {"interaction_protocol": "debate",
-                                                    "debate_protocol.sequential": True})],
-    "mnip_protocol.prover0_first": [Probe(False, {"interaction_protocol": "mnip", "mnip_protocol.sequential": True})],
     **{f"zk_protocol.{name}": [Probe(None, {"protocol_common.zero_knowledge": True})]
        for name in ("simulator_reward_coefficient", "aux_prover_reward_coefficient")},
+    # text trainers
+    "agents.*.model_name": [Probe("gpt-4.1-mini-2025-04-14")],
+    "agents.*.shared_model_group": [Probe("everyone")],
+    # replies cut at a few tokens: some cannot be parsed and are sampled again
+    "agents.*.max_tokens_per_message": [Probe(None, trainers=TD_TRAINERS), Probe(16, trainers=TEXT_TRAINERS)],
+    # in two rounds the untrained verifier must decide at once: some replies cannot be parsed
+    # and are sampled again; some episodes end without a decision
+    "agents.*.num_invalid_generation_retries": [Probe(0, _DECIDE_AT_ONCE)],
+    # ... and with no second try, a verifier that gave up ends its episode without a decision
+    "protocol_common.verifier_terminated_penalty": [
+        Probe(None, trainers=TD_TRAINERS),
+        Probe(None, {**_DECIDE_AT_ONCE, "agents._default.num_invalid_generation_retries": 0}, trainers=TEXT_TRAINERS)],
+    # the second iteration's fine-tune shows in the third iteration's rollouts (MALT's verifier
+    # has fewer than 10 examples in its second iteration unless the first one's are added)
+    "agents.*.fine_tune_from_scratch": [
+        Probe(None, {**_THREE_ITERATIONS, "text_rl.fine_tune_on_all_previous_rollouts": True})],
+    "text_rl.fine_tune_on_all_previous_rollouts": [Probe(None, _THREE_ITERATIONS)],
+    "dataset_options.max_test_size": [Probe(None, trainers=TD_TRAINERS), Probe(None, _TESTED, trainers=TEXT_TRAINERS)],
+    "text_rl.test_on_whole_dataset": [Probe(None, _TESTED)],
+    "text_rl.verifier_guess_replacement_annealing": [Probe(None, {**_GUESSES_REPLACED, **_THREE_ITERATIONS})],
+    "text_rl.verifier_guess_replacement_annealing_rate": [
+        Probe(None, {**_GUESSES_REPLACED, **_THREE_ITERATIONS, "text_rl.verifier_guess_replacement_annealing": "linear"})],
+    # a sample as large as the rollouts: enough examples for a job (the default half gives 6 < 10)
+    "pure_text_ei.weighting_sample_size_factor": [Probe(1.0, {"pure_text_ei.rollout_selection_method": "weighted_sampling"})],
+    **{f"pure_text_ei.weighting_{name}": [Probe(value, {"pure_text_ei.rollout_selection_method": "weighted_sampling",
+                                                        "pure_text_ei.weighting_sample_size_factor": 1.0})]
+       # rewards of -1 and 1 shifted by any minimum in between weigh the same: one below them
+       for name, value in (("minimum", -2.0), ("use_replacement", None), ("epsilon", None))},
 }
 
 _MERGE = "tests/nip_core/trainers/test_pure_text_rerun.py::test_merge_keeps_only_the_preserved_fields_and_the_base_run_group"
@@ -174,6 +221,22 @@ PROVEN_BY: dict[tuple[str, str], tuple[str, ...]] = {
     **{("spg", f"spg.sos_{name}"): ("tests/nip_core/trainers/test_spg.py::test_sos_update_rules",
                                     "tests/nip_core/trainers/test_spg.py::test_the_trainer_hands_its_sos_factors_to_the_update")
        for name in ("scaling_factor", "threshold_factor")},
+    # text trainers: the rerun of a base run's models; a structured-output server; failing jobs
+    **{(t, path): (_MERGE, "tests/nip_core/trainers/test_pure_text_rerun.py::test_rerun_tests_replays_the_base_runs_models")
+       for t in TEXT_TRAINERS for path in ("base_run.base_run_type", "base_run.run_id")},
+    **{(t, "agents.*.decision_constraint"): (
+        "tests/nip_core/llm/engines/test_structured_output.py::"
+        "test_a_verifiers_decision_turn_is_held_to_its_form_where_the_server_offers_it",) for t in TEXT_TRAINERS},
+    # the stand-in model reads a prompt as a bag of words: the order of the channels shows in
+    # the prompts, not in what it answers
+    **{(t, f"{protocol}_protocol.randomize_channel_order"): (
+        "tests/nip_core/scenarios/code_validation/test_text_protocols.py::"
+        "test_the_verifier_sees_the_provers_channels_shuffled_only_when_asked",)
+       for t in TEXT_TRAINERS for protocol in ("debate", "mnip")},
+    **{(t, "text_rl.fine_tune_max_attempts"): (
+        "tests/nip_core/trainers/test_pure_text_ei.py::test_a_job_that_ends_badly_on_its_last_attempt_stops_the_run_with_its_error",
+        "tests/nip_core/trainers/test_pure_text_ei.py::test_a_cancelled_job_is_retried_by_the_await_stage")
+       for t in TEXT_TRAINERS},
 }
 
 #: the fields that choose what runs rather than how
@@ -240,7 +303,7 @@ def _get(config: dict[str, Any], path: str, default: Any) -> Any:
 
 def _cases(read: bool) -> list[Any]:
     cases = []
-    for trainer in BASES if not read else TD_TRAINERS:
+    for trainer in BASES:
         for path, is_read in probed_fields(trainer).items():
             if is_read == read:
                 cases.append(pytest.param(trainer, path, id=f"{trainer}:{path}",
@@ -259,12 +322,25 @@ def probe_env(tmp_path_factory):
         register_named_dataset(name, {split: config.model_copy(update={"seed": seed + i})
                                       for i, (split, config) in enumerate(test.items())}, overwrite=True)
     root = tmp_path_factory.mktemp("probes")
-    yield {"data": root / "data", "root": root, "bases": {}}
+    with contextlib.ExitStack() as servers:
+        yield {"data": root / "data", "root": root, "bases": {}, "servers": servers}
     for name in ("probe", "probe-alt"):
         NAMED_DATASETS.pop(name, None)
 
 
-def _fingerprint(env, trainer: str, config: dict[str, Any]) -> dict[str, Any]:
+def _api_url(env, trainer: str) -> str | None:
+    """The local API server of the text probes (started on first use, fine-tunes at once)."""
+    if trainer not in TEXT_TRAINERS:
+        return None
+    if "api_url" not in env:
+        from nip_core.llm.testing import local_api_server
+
+        env["api_url"] = env["servers"].enter_context(local_api_server(env["root"] / "api", job_time_scale=0.0)).base_url
+    return env["api_url"]
+
+
+def _fingerprint(env, trainer: str, config: dict[str, Any], reference: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a run of ``config`` leaves behind; a perturbed text run stops at its first difference from ``reference``."""
     import json
     import tempfile
 
@@ -272,8 +348,9 @@ def _fingerprint(env, trainer: str, config: dict[str, Any]) -> dict[str, Any]:
     if key in env["bases"]:
         return env["bases"][key]
     work = Path(tempfile.mkdtemp(dir=env["root"]))
-    out = fingerprint(config, work, data_dir=env["data"])
-    env["bases"][key] = out
+    out = fingerprint(config, work, data_dir=env["data"], api_url=_api_url(env, trainer), reference=reference)
+    if "stopped_at" not in out:
+        env["bases"][key] = out
     return out
 
 
@@ -289,7 +366,7 @@ def test_a_field_the_trainer_reads_changes_what_it_does(trainer, path, probe_env
     for probe in probes_for(trainer, path):
         base, changed = resolved(trainer, path, probe)
         a = _fingerprint(probe_env, trainer, base)
-        b = _fingerprint(probe_env, trainer, changed)
+        b = _fingerprint(probe_env, trainer, changed, reference=a)
         diff = differences(a, b)
         tried.append((probe.context, diff[:5]))
         assert diff, (f"{trainer}: {path} set to another value changed nothing the run left behind "
@@ -326,11 +403,19 @@ def test_the_counts_of_fields_proven_each_way():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", TD_TRAINERS)
+@pytest.mark.parametrize("trainer", [*TD_TRAINERS, *TEXT_TRAINERS])
 def test_a_probe_run_repeats_exactly(trainer, probe_env):
-    """Two runs of the same configuration leave the same fingerprint: a difference is the field's."""
+    """Two runs of the same configuration leave the same fingerprint: a difference is the field's.
+
+    A text run compared stage by stage with a finished run of the same configuration runs to
+    its end: no written-once file of a run in progress differs from the finished run's.
+    """
     import tempfile
 
-    runs = [fingerprint(BASES[trainer], Path(tempfile.mkdtemp(dir=probe_env["root"])), data_dir=probe_env["data"])
-            for _ in range(2)]
-    assert runs[0]["run"] and not differences(*runs)
+    def run(reference=None):
+        return fingerprint(BASES[trainer], Path(tempfile.mkdtemp(dir=probe_env["root"])), data_dir=probe_env["data"],
+                           api_url=_api_url(probe_env, trainer), reference=reference)
+
+    first = run()
+    again = run(first) if trainer in TEXT_TRAINERS else run()
+    assert first["run"] and "stopped_at" not in again and not differences(first, again)

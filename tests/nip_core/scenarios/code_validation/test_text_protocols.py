@@ -92,3 +92,26 @@ def test_debate_channel_order_is_seeded_and_varies_by_round():
     orders = {tuple(channel_order(h, "debate", "verifier", 5, r)) for r in range(8)}
     assert orders == {("prover0_channel", "prover1_channel"), ("prover1_channel", "prover0_channel")}
     assert channel_order(h, "debate", "verifier", 5, 3) == channel_order(h, "debate", "verifier", 5, 3)
+
+
+@pytest.mark.parametrize("protocol", ["debate", "mnip"])
+def test_the_verifier_sees_the_provers_channels_shuffled_only_when_asked(protocol):
+    """``randomize_channel_order`` decides the order of the provers' messages in the verifier's prompt."""
+
+    def user_turns(randomize: bool) -> list[str]:
+        h = handler(protocol, **{f"{protocol}_protocol": {"max_message_rounds": 8, "randomize_channel_order": randomize}})
+        r, c, a = h.max_message_rounds, len(h.message_channel_names), len(h.agent_names)
+        mh, ids, raw = np.empty((r, c), dtype=object), np.full((r, c), -1), np.empty((r, a), dtype=object)
+        for rnd in range(6):
+            for prover, channel, text in (("prover0", "prover0_channel", f"A{rnd}"), ("prover1", "prover1_channel", f"B{rnd}")):
+                mh[rnd, h.message_channel_names.index(channel)] = text
+                ids[rnd, h.message_channel_names.index(channel)] = h.agent_names.index(prover)
+        hist = History(mh, ids, raw, seed=5, question="Q?", solution="print(1)")
+        return [m["content"] for m in build_chat_messages(h, protocol, "verifier", hist, max_response_words=50,
+                                                          until_round=6) if m["role"] == "user"]
+
+    in_order = [x for rnd in range(6) for x in (f"A{rnd}", f"B{rnd}")]
+    assert user_turns(False) == in_order
+    shuffled = user_turns(True)
+    assert sorted(shuffled) == sorted(in_order) and shuffled != in_order
+    assert shuffled == user_turns(True)  # seeded by the episode
