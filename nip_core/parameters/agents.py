@@ -177,10 +177,14 @@ class GraphIsomorphismAgentParameters(AgentParameters):
         0.0, ge=0.0, lt=1.0, description="Dropout probability in the transformer, in [0, 1).")
     d_node_selector: int = Field(16, gt=0, description="Hidden width of the node-selector head (which node "
                                                        "the agent sends as its message).")
-    num_node_selector_layers: int = Field(2, ge=1, description="Layers of the node-selector head MLP (>= 1).")
+    num_node_selector_layers: int = Field(
+        2, ge=1, description="Linear layers of the node-selector head MLP (>= 1; 1 builds two, as 2 does, as "
+                             "in the original: docs/behaviour.md#b44).")
     d_decider: int = Field(16, gt=0, description="Hidden width of the decider head (reject, accept or "
                                                  "continue).")
-    num_decider_layers: int = Field(2, ge=1, description="Layers of the decider head MLP (>= 1).")
+    num_decider_layers: int = Field(
+        2, ge=1, description="Linear layers of the decider head MLP (>= 1; 1 builds two, as 2 does, as "
+                             "in the original: docs/behaviour.md#b44).")
     include_round_in_decider: bool = Field(True, description="Give the decider head the current round "
                                                              "number as an input.")
     d_linear_message_selector: int = unsupported_field(
@@ -188,7 +192,9 @@ class GraphIsomorphismAgentParameters(AgentParameters):
     num_linear_message_selector_layers: int = unsupported_field(
         2, "Layers of the linear-message selector head.", _NO_LINEAR_MESSAGES, ge=1)
     d_value: int = Field(16, gt=0, description="Hidden width of the value (critic) head.")
-    num_value_layers: int = Field(2, ge=1, description="Layers of the value head MLP (>= 1).")
+    num_value_layers: int = Field(
+        2, ge=1, description="Linear layers of the value head MLP (>= 1; 1 builds two, as 2 does, as "
+                             "in the original: docs/behaviour.md#b44).")
     include_round_in_value: bool = Field(True, description="Give the value head the current round number as "
                                                            "an input.")
     use_batch_norm: bool = Field(True, description="Batch-normalise the pooled graph representations (batch "
