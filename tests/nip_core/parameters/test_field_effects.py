@@ -181,7 +181,7 @@ PROBES: dict[str, list[Probe]] = {
     # text trainers
     "agents.*.model_name": [Probe("gpt-4.1-mini-2025-04-14")],
     "agents.*.shared_model_group": [Probe("everyone")],
-    # replies cut at a few tokens: some cannot be parsed and are sampled again
+    # replies cut at 16 tokens (the default is 1.5 x max_response_words)
     "agents.*.max_tokens_per_message": [Probe(None, trainers=TD_TRAINERS), Probe(16, trainers=TEXT_TRAINERS)],
     # in two rounds the untrained verifier must decide at once: some replies cannot be parsed
     # and are sampled again; some episodes end without a decision
