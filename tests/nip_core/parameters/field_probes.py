@@ -201,8 +201,9 @@ def agent_field_info(scenario: str, path: str) -> tuple[FieldInfo, Any]:
 # --- running a probe ---------------------------------------------------------------------
 
 
-#: Files a text run writes once and never changes (docs/behaviour.md): once such a file of a
-#: perturbed run differs from the finished base run's, the runs differ whatever comes next.
+#: Files an uninterrupted text run writes once and never rewrites (rollouts, transcripts and
+#: model records are even created exclusively; a stage summary is written when its stage ends):
+#: once such a file of a perturbed run differs from the finished base run's, the runs differ.
 _WRITTEN_ONCE = re.compile(r"^(rollouts|stages|transcripts|models)/")
 
 
