@@ -11,6 +11,7 @@ import time
 import pytest
 
 from nip_core.logging.wandb_reader import read_offline_runs
+from tests.run_files import run_file, run_json
 
 SENTINEL = "sk-SENTINEL-tracking-0123456789abcdefXYZ"
 
@@ -57,14 +58,14 @@ def test_killed_run_resumes_with_one_wandb_run_and_no_duplicates(tmp_path):
     out, _ = second.communicate(timeout=300)
     assert second.returncode == 0, out
 
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows = [json.loads(line) for line in run_file(runs / "trk", "metrics.jsonl").read_text().splitlines()]
     train = [r["iteration"] for r in rows if r["kind"] == "train"]
     assert train == list(range(8))  # every iteration once, in order
     assert [r["iteration"] for r in rows if r["kind"] == "test"] == [8]
 
     wandb_runs = read_offline_runs(str(runs / "trk"))
     assert len(wandb_runs) == 2  # the killed process and the resumed one
-    meta = json.loads((runs / "trk" / "metadata.json").read_text())
+    meta = run_json(runs / "trk", "metadata.json")
     assert {r["run_id"] for r in wandb_runs} == {meta["wandb_run_id"]}
     steps = [row["_step"] for r in wandb_runs for row in r["history"] if "mean_accuracy" in row]
     assert len(steps) == len(set(steps))  # no step logged twice to W&B

@@ -192,7 +192,7 @@ def _fine_tune_jobs(run: Any) -> list[FineTuneJob]:
             for group, n in (summary.get("trained_tokens") or {}).items():
                 tokens[(int(summary.get("iteration", -1)), group)] = int(n or 0)
     jobs = []
-    for name in sorted(run.storage.listdir("fine_tune")):
+    for name in run.list_files("fine_tune"):
         if not (name.startswith("iter_") and name.endswith(".json")):
             continue
         it_text, _, group = name[len("iter_"):-len(".json")].partition("_")

@@ -147,10 +147,9 @@ class WandbStatLogger(StatLogger):
         return os.path.basename(path).replace("__", "/")
 
     def _state_bundle(self) -> list[str]:
-        storage = self.run.storage
-        rels = [rel for rel in STATE_BUNDLE if storage.exists(rel)]
+        rels = [rel for rel in STATE_BUNDLE if self.run.exists(rel)]
         for directory in RECORD_DIRS:
-            rels += [f"{directory}/{n}" for n in storage.listdir(directory) if n.endswith(".json")]
+            rels += [f"{directory}/{n}" for n in self.run.list_files(directory) if n.endswith(".json")]
         return rels
 
     def close(self) -> None:
@@ -173,7 +172,7 @@ class _Staging:
     """
 
     def __init__(self, run):
-        self.storage = run.storage
+        self.run = run
         self._tmp = None
 
     def __enter__(self) -> "_Staging":
@@ -186,8 +185,8 @@ class _Staging:
             self._tmp = tempfile.TemporaryDirectory(prefix="nipflow-wandb-")
         path = os.path.join(self._tmp.name, *rel.split("/"))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(self.storage.read_bytes(rel))
+        with open(path, "wb") as f:  # a mutable file: its current version, under its plain name
+            f.write(self.run.storage.read_bytes(self.run.stored_name(rel) or rel))
         return path
 
     def __exit__(self, *exc) -> None:

@@ -8,7 +8,7 @@ behind a network partition is handled the same way: its claim stands until it ex
 Layout under ``leases/<name>/`` in the run's storage::
 
     0000000007.json        the claim of generation 7: owner token, holder description,
-                           ttl, expiry (written once, by an exclusive create)
+                           ttl, expiry, epoch (written once, by an exclusive create)
     0000000007.renew.json  the latest renewal of generation 7 (only its owner writes it)
 
 The only conditional operation needed is *create if absent* (``O_EXCL``/``link`` on a
@@ -17,13 +17,21 @@ to take over, a contender creates generation ``n + 1``; of several contenders ex
 succeeds. Generations only grow, so they double as fencing tokens: a holder that finds a
 newer generation has lost the lease and stops (:class:`LeaseLostError`).
 
+Each claim also carries an *epoch*: the generation of the last takeover, i.e. of the last
+claim made over a holder that had not released (a claim after a release keeps the epoch it
+finds). Before such a claim the contender runs :meth:`Lease._prepare_takeover` (the run
+lease seals the run's mutable files there, :mod:`nip_core.runs.fencing`), so that a holder
+paused in the middle of a write can never change what the new holder and readers see.
+
 Expiry is wall-clock time written by the holder: the claim or renewal request's start
 plus the ttl. Hosts are assumed to keep their clocks within a small fraction of the ttl
 of each other (NTP). The holder keeps a margin of a third of the ttl: a renewal counts
 only if it ends within :data:`RENEW_WINDOW` (2/3) of the ttl after the start of the last
 successful claim or renewal (each store call is bounded by what is left of that window),
 and once that window has passed without one, the holder has lost the lease and stops
-(:meth:`Lease.check`), a third of a ttl before anyone may take over. So a contender never
+(:meth:`Lease.check`), a third of a ttl before anyone may take over. The window is timed
+with a clock that keeps counting while the machine sleeps (:func:`elapsed_clock`), so a
+holder woken from a suspended laptop or VM finds it has passed. So a contender never
 works beside a holder that is cut off from the store or whose store calls are slow. See
 ``docs/architecture.md`` ("One driver per run").
 """
@@ -72,6 +80,19 @@ def default_ttl_s() -> float:
     return ttl
 
 
+def elapsed_clock() -> float:
+    """Seconds from a fixed point, counting time the machine spent suspended.
+
+    ``time.monotonic`` stops while a Linux machine sleeps (``CLOCK_MONOTONIC``), so a holder
+    whose laptop lid was closed for an hour would wake believing its renewal window still
+    open; ``CLOCK_BOOTTIME`` keeps counting (elsewhere ``time.monotonic`` is used).
+    """
+    return time.clock_gettime(_ELAPSED_CLOCK)
+
+
+_ELAPSED_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
 class LeaseLostError(NipflowError):
     """This holder's lease was taken over (or could not be renewed in time)."""
 
@@ -87,6 +108,8 @@ class LeaseView:
     owner: str | None
     holder: dict[str, Any]
     expires_at: float  # wall clock; 0 when free
+    epoch: int = 0  # the generation of the last takeover (see the module's text)
+    released: bool = False  # its holder gave it back (a free lease that was never taken: False)
 
     def expired(self, now: float) -> bool:
         return self.owner is None or now >= self.expires_at
@@ -128,9 +151,11 @@ class Lease:
         self.describe = {"host": socket.gethostname(), "pid": os.getpid(), **(describe or {})}
         self.clock = clock
         self.generation: int | None = None
+        #: The epoch of the held claim (see the module's text); None while not held.
+        self.epoch: int | None = None
         self._depth = 0
         self._lost: str | None = None
-        self._last_renewed = 0.0  # time.monotonic() at the START of the last successful claim or renewal
+        self._last_renewed = 0.0  # elapsed_clock() at the START of the last successful claim or renewal
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._mutex = threading.RLock()
@@ -173,12 +198,13 @@ class Lease:
         if not owner:
             return LeaseView(generation, None, {"note": "unreadable claim"}, 0.0)
         expires = float(claim.get("expires_at", 0.0))
+        epoch = int(claim.get("epoch", 0))  # claims made before epochs existed: 0
         renewal = self._read(self._renew_rel(generation)) or {}
         if renewal.get("owner") == owner:
             if renewal.get("released"):
-                return LeaseView(generation, None, claim.get("holder", {}), 0.0)
+                return LeaseView(generation, None, claim.get("holder", {}), 0.0, epoch, released=True)
             expires = max(expires, float(renewal.get("expires_at", 0.0)))
-        return LeaseView(generation, owner, claim.get("holder", {}), expires)
+        return LeaseView(generation, owner, claim.get("holder", {}), expires, epoch)
 
     # -- taking and giving back ----------------------------------------------------------
 
@@ -202,12 +228,18 @@ class Lease:
             if current.owner == self.token and not current.expired(now):
                 # Our own claim (one whose request timed out but landed): usable while its
                 # renewal window lasts, counted back from the expiry it carries.
-                started = time.monotonic() - max(0.0, self.ttl_s - (current.expires_at - now))
-                if time.monotonic() - started < self._window_s():
-                    self._took(current.generation, started)
+                started = elapsed_clock() - max(0.0, self.ttl_s - (current.expires_at - now))
+                if elapsed_clock() - started < self._window_s():
+                    self._took(current.generation, started, current.epoch)
                     return self
             elif current.expired(now):
-                if self._try_claim(current.generation + 1):
+                # Over a holder that did not give the lease back (or an unreadable claim): a
+                # takeover, which starts a new epoch once the mutable files are sealed.
+                takeover = current.generation > 0 and not current.released
+                epoch = current.generation + 1 if takeover else current.epoch
+                if takeover:
+                    self._prepare_takeover(epoch)
+                if self._try_claim(current.generation + 1, epoch):
                     if current.owner is not None:
                         log.warning("lease %s: took over generation %d of %s (expired %.1f s ago)", self.name,
                                     current.generation, _describe(current.holder), now - current.expires_at)
@@ -226,12 +258,15 @@ class Lease:
                                      self.storage.full(self._claim_rel(current.generation)))
             time.sleep(min(poll_s, max(0.01, current.expires_at - now)))
 
-    def _try_claim(self, generation: int) -> bool:
+    def _prepare_takeover(self, epoch: int) -> None:
+        """Run before claiming generation ``epoch`` over a holder that did not release (no-op here)."""
+
+    def _try_claim(self, generation: int, epoch: int = 0) -> bool:
         """Create the claim of ``generation``; whether it is ours now and usable."""
-        started = time.monotonic()
+        started = elapsed_clock()
         now = self.clock()
         claim = {"owner": self.token, "holder": {**self.describe, "since": now}, "ttl_s": self.ttl_s,
-                 "expires_at": now + self.ttl_s, "generation": generation}
+                 "expires_at": now + self.ttl_s, "generation": generation, "epoch": epoch}
         try:
             created = self.storage.create_exclusive(self._claim_rel(generation), json.dumps(claim).encode(),
                                                     timeout_s=self._window_s())
@@ -241,18 +276,19 @@ class Lease:
             return False
         if not created:
             return False
-        if time.monotonic() - started >= self._window_s():
+        if elapsed_clock() - started >= self._window_s():
             # It landed too late to work under: it lapses, and the next look claims anew.
             log.warning("lease %s: the claim of generation %d took %.1f s, past its renewal window",
-                        self.name, generation, time.monotonic() - started)
+                        self.name, generation, elapsed_clock() - started)
             return False
-        self._took(generation, started)
+        self._took(generation, started, epoch)
         self._prune(generation)
         return True
 
-    def _took(self, generation: int, started: float) -> None:
+    def _took(self, generation: int, started: float, epoch: int) -> None:
         with self._mutex:
             self.generation = generation
+            self.epoch = epoch
             self._depth = 1
             self._lost = None
             self._last_renewed = started
@@ -277,13 +313,13 @@ class Lease:
             raise LeaseLostError(self.label, f"generation {generation} is not the current claim "
                                             f"(now generation {current.generation} of {_describe(current.holder)})")
         # The claim's last renewal started one ttl before the expiry it carries.
-        started = time.monotonic() - max(0.0, self.ttl_s - (current.expires_at - now))
-        if time.monotonic() - started >= self._window_s():
+        started = elapsed_clock() - max(0.0, self.ttl_s - (current.expires_at - now))
+        if elapsed_clock() - started >= self._window_s():
             raise LeaseLostError(self.label, f"generation {generation} expires in "
                                             f"{current.expires_at - now:.1f} s, too soon to join it")
         self.token = owner
         self._joined = True
-        self._took(generation, started)
+        self._took(generation, started, current.epoch)
         return self
 
     def release(self) -> None:
@@ -297,6 +333,7 @@ class Lease:
         self.stop_renewing()
         with self._mutex:
             generation, self.generation = self.generation, None
+            self.epoch = None
             joined, self._joined = self._joined, False
             if joined:
                 return  # the claim is the parent's to give back
@@ -340,16 +377,16 @@ class Lease:
             generation = self.generation
             if generation is None:
                 raise LeaseLostError(self.label, "not held")
-            started = time.monotonic()
+            started = elapsed_clock()
             window_end = self._last_renewed + self._window_s()
         if started >= window_end:
             raise self._lose(self._not_renewed())
         # The store calls run without the mutex: check() never waits for a slow store.
-        newest = self._generations(timeout_s=window_end - time.monotonic())
+        newest = self._generations(timeout_s=window_end - elapsed_clock())
         if newest and newest[-1] != generation:
             raise self._lose(f"generation {newest[-1]} was claimed by another driver")
-        self._write_renewal(generation, timeout_s=window_end - time.monotonic())
-        finished = time.monotonic()
+        self._write_renewal(generation, timeout_s=window_end - elapsed_clock())
+        finished = elapsed_clock()
         if finished > window_end:
             raise self._lose(f"a renewal took {finished - started:.1f} s and ended past the renewal window "
                              f"({self._window_s():g} s after the last successful one)")
@@ -369,7 +406,7 @@ class Lease:
         with self._mutex:
             if self._lost is not None:
                 raise LeaseLostError(self.label, self._lost)
-            if self._depth and time.monotonic() - self._last_renewed >= self._window_s():
+            if self._depth and elapsed_clock() - self._last_renewed >= self._window_s():
                 self._lost = self._not_renewed()
                 raise LeaseLostError(self.label, self._lost)
 
@@ -391,7 +428,7 @@ class Lease:
         interval = self.ttl_s / 3.0
         retry = self.ttl_s / 12.0
         next_at = self._last_renewed + interval
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+        while not self._stop.wait(max(0.0, next_at - elapsed_clock())):
             try:
                 self.renew()
                 next_at = self._last_renewed + interval
@@ -400,7 +437,7 @@ class Lease:
                 return
             except Exception as e:  # noqa: BLE001 - a store hiccup: retry within the window; check() stops the work
                 log.warning("lease %s: renewal failed (%s: %s); retrying", self.name, type(e).__name__, e)
-                next_at = time.monotonic() + retry
+                next_at = elapsed_clock() + retry
 
     def __enter__(self) -> "Lease":
         self.acquire()

@@ -7,12 +7,17 @@ up to ``wait_s`` (by default one and a half ttl, so that the claim of a driver t
 crashed expires meanwhile) and then fails with :class:`RunLockedError` naming the
 holder and when its claim expires. A child flow run (an RL block) *joins* its parent's
 claim instead of taking a new one (:meth:`Lease.join`).
+
+A driver that takes the run over from one that never released it seals the run's mutable
+files first (:func:`nip_core.runs.fencing.seal`), so that the old driver, if it was only
+paused, can never change what the new one reads.
 """
 
 from __future__ import annotations
 
 import logging
 
+from nip_core.runs import fencing
 from nip_core.runs.lease import Lease
 from nip_core.runs.storage import Storage
 
@@ -39,6 +44,12 @@ class RunLock(Lease):
         super().acquire(wait_s, poll_s)
         self.keep_alive()
         return self
+
+    def _prepare_takeover(self, epoch: int) -> None:
+        sealed = fencing.seal(self.storage, epoch)
+        if sealed:
+            log.info("run %s: sealed %d mutable file(s) into epoch %d before taking over", self.run_id,
+                     len(sealed), epoch)
 
     def join(self, owner: str, generation: int) -> "RunLock":
         super().join(owner, generation)

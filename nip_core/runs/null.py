@@ -94,8 +94,9 @@ class NullRun:
         """Dropped; returns ``fields`` (the metadata as it would read)."""
         return dict(fields)
 
-    def save_checkpoint_bytes(self, name: str, data: bytes, **info: Any) -> None:
-        """Dropped."""
+    def save_checkpoint_bytes(self, name: str, data: bytes, **info: Any) -> str:
+        """Dropped; the path the data would have had."""
+        return f"checkpoints/{name}.pt"
 
     def load_checkpoint_bytes(self, name: str) -> tuple[bytes, dict[str, Any]]:
         raise self._missing(f"checkpoints/{name}.json", "checkpoint manifest")

@@ -13,6 +13,11 @@ Layout (relative to ``<runs_dir>/<run_id>/``)::
     fine_tune/          one record per (iteration, group) fine-tune job
     metrics.jsonl       one line per iteration (append-only, never duplicated)
     results/            Prefect result storage of this run's tasks
+
+The mutable files (state, metadata, metrics, fine-tune records, the suspension counts) get
+an epoch tag once a driver has taken the run over from one that never released it
+(``state.g0000000003.json``); :class:`Run` reads and writes them by their plain names and
+finds the right version (:mod:`nip_core.runs.fencing`). Everything else is written once.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import posixpath
 import re
 import uuid
 from datetime import datetime, timezone
@@ -38,6 +44,7 @@ from nip_core.errors import (
     WriteOnceConflictError,
 )
 from nip_core.parameters import HyperParameters, diff_params
+from nip_core.runs import fencing
 from nip_core.runs.lock import RunLock
 from nip_core.runs.storage import Storage
 from nip_core.settings import ParamsMismatchPolicy
@@ -115,10 +122,48 @@ class Run:
             self._incarnation = str(meta["incarnation"])
         return self._incarnation
 
+    # -- where a file is stored -------------------------------------------------------------
+
+    def _epoch(self) -> int | None:
+        """The epoch this process drives the run in (None: it does not hold the lease)."""
+        return self.lock.epoch if self.lock.generation is not None else None
+
+    def stored_name(self, rel: str) -> str | None:
+        """Where ``rel`` is read from: itself, or for a mutable file its version to read (None: absent).
+
+        A driver reads the newest version at or below its own epoch; anybody else the newest.
+        """
+        if not fencing.is_mutable(rel):
+            return rel if self.storage.exists(rel) else None
+        return fencing.resolve(self.storage, rel, self._epoch())
+
+    def _write_name(self, rel: str) -> str:
+        """Where a write of ``rel`` goes: the driver's epoch; without the lease, the newest version."""
+        if not fencing.is_mutable(rel):
+            return rel
+        epoch = self._epoch()
+        if epoch is not None:
+            return fencing.tagged(rel, epoch)
+        return fencing.resolve(self.storage, rel) or rel
+
+    def _read_bytes(self, rel: str) -> bytes:
+        """The content of ``rel`` (its version to read); ``FileNotFoundError`` if absent."""
+        name = self.stored_name(rel) if fencing.is_mutable(rel) else rel
+        if name is None:
+            raise FileNotFoundError(self.storage.full(rel))
+        return self.storage.read_bytes(name)
+
+    def list_files(self, directory: str) -> list[str]:
+        """The names of a folder's files (for a folder of mutable files, without their epoch tags)."""
+        if directory in fencing.MUTABLE_DIRS:
+            return fencing.logical_names(self.storage, directory)
+        return self.storage.listdir(directory)
+
     # -- JSON ------------------------------------------------------------------------------
 
     def write_json(self, rel: str, obj: Any) -> None:
-        self.storage.write_bytes(rel, json_record_bytes(obj))
+        """Replace ``rel`` (a mutable file: its version of this driver's epoch) atomically."""
+        self.storage.write_bytes(self._write_name(rel), json_record_bytes(obj))
 
     def write_once(self, rel: str, data: bytes, what: str = "file") -> bool:
         """Create ``rel`` with ``data``; never replace it. Returns whether this call created it.
@@ -142,9 +187,21 @@ class Run:
         """:meth:`write_once` of ``obj`` as :meth:`write_json` writes it."""
         return self.write_once(rel, json_record_bytes(obj), what)
 
+    def write_json_keep_first(self, rel: str, obj: Any, what: str = "file") -> Any:
+        """Create ``rel`` with ``obj`` unless it exists; the content that stands (the first written).
+
+        For records of work that may be done again after a crash (a stage's summary): the
+        first record is what readers may already have acted on. A driver that lost its lease
+        gets ``LeaseLostError`` instead of the stored record.
+        """
+        if self.storage.create_exclusive(rel, json_record_bytes(obj)):
+            return obj
+        self.check_lease()
+        return self.read_json(rel, what)
+
     def read_json(self, rel: str, what: str = "file") -> Any:
         try:
-            raw = self.storage.read_bytes(rel)
+            raw = self._read_bytes(rel)
         except FileNotFoundError:
             raise CheckpointNotFoundError(self.storage.full(rel), what) from None
         try:
@@ -153,6 +210,8 @@ class Run:
             raise CorruptCheckpointError(self.storage.full(rel), f"invalid JSON ({e})") from None
 
     def exists(self, rel: str) -> bool:
+        if fencing.is_mutable(rel):
+            return self.stored_name(rel) is not None
         return self.storage.exists(rel)
 
     # -- state -----------------------------------------------------------------------------
@@ -174,7 +233,7 @@ class Run:
         self.update_metadata(updated=_now())
 
     def has_state(self) -> bool:
-        return self.storage.exists(STATE_FILE)
+        return self.exists(STATE_FILE)
 
     def load_state(self, cls: type[StateT]) -> StateT:
         """Read ``state.json`` into ``cls``.
@@ -212,10 +271,16 @@ class Run:
         return self._modify_metadata(lambda meta: fields)
 
     def _modify_metadata(self, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
-        """Apply ``change(meta)`` (fields to set, or None for none) under the metadata lock."""
-        with self.storage.locked(METADATA_LOCK):
+        """Apply ``change(meta)`` (fields to set, or None for none) under the metadata lock.
+
+        The lock belongs to the version written (one per epoch): a driver paused while it
+        held the lock of its epoch never blocks the driver that took the run over.
+        """
+        target = self._write_name(METADATA_FILE)
+        lock = METADATA_LOCK if target == METADATA_FILE else f"leases/{posixpath.basename(target)[:-5]}.lock"
+        with self.storage.locked(lock):
             try:
-                meta = json.loads(self.storage.read_bytes(METADATA_FILE))
+                meta = json.loads(self._read_bytes(METADATA_FILE))
             except FileNotFoundError:
                 meta = {}
             except (ValueError, UnicodeDecodeError) as e:
@@ -228,24 +293,54 @@ class Run:
 
     # -- binary checkpoints ----------------------------------------------------------------
 
-    def save_checkpoint_bytes(self, name: str, data: bytes, **info: Any) -> None:
-        """Write ``checkpoints/<name>.pt`` and its manifest (sha256, params hash, info).
+    def save_checkpoint_bytes(self, name: str, data: bytes, **info: Any) -> str:
+        """Write checkpoint ``name``: its data file, then its manifest (sha256, params hash, info).
 
-        The data file is written first and the manifest last, so a crash in between
-        leaves a manifest that does not match and the checkpoint is refused, not reused.
+        Both are written once (created exclusively), so a driver that lost the run while
+        paused can never put its tensors or its manifest in place of the new driver's. The
+        data goes to ``checkpoints/<name>.pt``, or, if a file of other bytes is already
+        there (left by a driver that stopped before its manifest), to the content-addressed
+        ``checkpoints/<name>.<sha256[:16]>.pt``. The manifest names its data file and is the
+        commit point: a checkpoint without one does not exist for readers. A manifest that
+        is already there for the same data is kept (a repeated save); one for other data is
+        an error (``LeaseLostError`` if this driver lost its lease, else
+        ``WriteOnceConflictError``). Returns the data file's path in the run.
         """
         self.check_lease()
         sha = hashlib.sha256(data).hexdigest()
-        self.storage.write_bytes(f"checkpoints/{name}.pt", data)
+        data_rel = f"checkpoints/{name}.pt"
+        if not self.storage.create_exclusive(data_rel, data) and self.storage.read_bytes(data_rel) != data:
+            data_rel = f"checkpoints/{name}.{sha[:16]}.pt"
+            self.storage.create_exclusive(data_rel, data)  # named by its content: an existing one is equal
         manifest = {"name": name, "sha256": sha, "size": len(data), "params_hash": self.params_hash,
-                    "saved_at": _now(), **info}
-        self.write_json(f"checkpoints/{name}.json", manifest)
+                    "saved_at": _now(), "data": posixpath.basename(data_rel), **info}
+        manifest_rel = f"checkpoints/{name}.json"
+        if self.storage.create_exclusive(manifest_rel, json_record_bytes(manifest)):
+            return data_rel
+        try:
+            existing = self.read_json(manifest_rel, "checkpoint manifest")
+        except CorruptCheckpointError:
+            existing = {}
+        if existing.get("sha256") == sha and existing.get("params_hash") == self.params_hash:
+            return f"checkpoints/{existing.get('data', f'{name}.pt')}"
+        self.check_lease()
+        raise WriteOnceConflictError(self.storage.url(manifest_rel), "checkpoint manifest")
+
+    def checkpoint_data_rel(self, name: str, manifest: dict[str, Any] | None = None) -> str:
+        """The data file of checkpoint ``name`` as its manifest names it (``<name>.pt`` for older ones)."""
+        if manifest is None:
+            manifest = self.read_json(f"checkpoints/{name}.json", "checkpoint manifest")
+        data_name = str(manifest.get("data") or f"{name}.pt")
+        if "/" in data_name or not data_name.startswith(f"{name}.") or not data_name.endswith(".pt"):
+            raise CorruptCheckpointError(self.storage.full(f"checkpoints/{name}.json"),
+                                         f"names a data file outside the checkpoint ({data_name!r})")
+        return f"checkpoints/{data_name}"
 
     def load_checkpoint_bytes(self, name: str) -> tuple[bytes, dict[str, Any]]:
         """Read a checkpoint, verifying checksum and params hash."""
         manifest_rel = f"checkpoints/{name}.json"
-        data_rel = f"checkpoints/{name}.pt"
         manifest = self.read_json(manifest_rel, "checkpoint manifest")
+        data_rel = self.checkpoint_data_rel(name, manifest)
         try:
             data = self.storage.read_bytes(data_rel)
         except FileNotFoundError:
@@ -273,9 +368,10 @@ class Run:
         parse), consistently with :meth:`Storage.append_line`, which cuts it off before
         the next append. Unparseable lines elsewhere are skipped with a warning.
         """
-        if not self.storage.exists(METRICS_FILE):
+        try:
+            data = self._read_bytes(METRICS_FILE)
+        except FileNotFoundError:
             return []
-        data = self.storage.read_bytes(METRICS_FILE)
         if data and not data.endswith(b"\n"):
             log.warning("%s: ignoring a torn last line (no newline; an interrupted append)",
                         self.storage.url(METRICS_FILE))
@@ -300,7 +396,13 @@ class Run:
         if (kind, iteration) in existing:
             return False
         row = {key: iteration, "kind": kind, **{k: v for k, v in metrics.items() if k != "kind"}}
-        self.storage.append_line(METRICS_FILE, json.dumps(row, sort_keys=True, allow_nan=True))
+        target = self._write_name(METRICS_FILE)
+        newest = self.stored_name(METRICS_FILE)
+        if newest is not None and newest != target:
+            # The first line of this epoch (the file did not exist when the run was sealed):
+            # carry the earlier lines over first, created exclusively like a seal's copy.
+            self.storage.create_exclusive(target, self.storage.read_bytes(newest))
+        self.storage.append_line(target, json.dumps(row, sort_keys=True, allow_nan=True))
         return True
 
 

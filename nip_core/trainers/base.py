@@ -143,7 +143,9 @@ class Trainer(ABC):
         if not self.run.persistent:
             return
         storage = self.run.storage
-        if storage.local:
+        # a mutable file stored under an epoch tag is logged under its plain name
+        stored = {rel: self.run.stored_name(rel) or rel for rel in rel_paths}
+        if storage.local and all(name == rel for rel, name in stored.items()):
             self.stat_logger.log_artifact(f"{prefix}_{self.run.run_id}", artifact_type,
                                           [storage.full(rel) for rel in rel_paths])
             return
@@ -155,7 +157,7 @@ class Trainer(ABC):
             for rel in rel_paths:
                 path = os.path.join(tmp, rel.replace("/", "__"))
                 with open(path, "wb") as f:
-                    f.write(storage.read_bytes(rel))
+                    f.write(storage.read_bytes(stored[rel]))
                 paths.append(path)
             self.stat_logger.log_artifact(f"{prefix}_{self.run.run_id}", artifact_type, paths)
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from nip_core.errors import CorruptCheckpointError
+from nip_core.errors import CheckpointNotFoundError, CorruptCheckpointError
 from nip_core.trainers.checkpoint_format import (
     FORMAT,
     MANIFEST_FORMAT,
@@ -48,17 +48,21 @@ def read_checkpoint(data: bytes, *, source: str, map_location: str | torch.devic
 
 def run_checkpoint_source(run: "Run", name: str) -> str:
     """The checkpoint file ``name`` of ``run``, as errors name it (path or URL)."""
-    return run.storage.url(f"checkpoints/{name}.pt")
+    try:
+        return run.storage.url(run.checkpoint_data_rel(name))
+    except (CheckpointNotFoundError, CorruptCheckpointError):
+        return run.storage.url(f"checkpoints/{name}.pt")
 
 
-def save_run_checkpoint(run: "Run", name: str, state: Mapping[str, Any] | bytes, **info: Any) -> None:
+def save_run_checkpoint(run: "Run", name: str, state: Mapping[str, Any] | bytes, **info: Any) -> str | None:
     """Store ``state`` (or bytes from :func:`encode_checkpoint`) as ``run``'s checkpoint ``name``.
 
-    The run store writes the file and its sha256 manifest; the manifest also records
-    ``format`` (:data:`MANIFEST_FORMAT`) and ``info``.
+    The run store writes the file and its sha256 manifest, each once; the manifest also
+    records ``format`` (:data:`MANIFEST_FORMAT`) and ``info``. Returns the data file's path
+    in the run (None for a run that stores nothing).
     """
     data = state if isinstance(state, bytes) else encode_checkpoint(state)
-    run.save_checkpoint_bytes(name, data, format=MANIFEST_FORMAT, **info)
+    return run.save_checkpoint_bytes(name, data, format=MANIFEST_FORMAT, **info)
 
 
 def load_run_checkpoint(run: "Run", name: str, *,

@@ -168,7 +168,8 @@ class PureTextRlTrainer(Trainer):
         summary.update(STAGES[current](self))
         nxt = next_stage(self.state, self.hyper_params)
         summary["next_iteration"], summary["next_stage"] = nxt.iteration, nxt.stage.value
-        self.records.write_summary(iteration, current.value, summary)  # before the state: see stored_stage_summary
+        # before the state (see stored_stage_summary); a summary written before stands
+        summary = self.records.write_summary(iteration, current.value, summary)
         self.state.iteration, self.state.train_loop_stage = nxt
         self.save_state()
         self.log_run_artifact("state", "state", ["state.json", "hyper_params.json"])
@@ -273,7 +274,7 @@ class PureTextRlTrainer(Trainer):
         """
         name = f"test_{iteration}"
         if self.records.has_rollouts(name):
-            rollouts = self.records.load_rollouts(name)
+            rollouts = self.records.reuse_rollouts(name)
         else:
             self._tested_iteration = iteration
             rollouts = self._sample_rollouts(self.scenario.test_environment, "test", use_tqdm=True,

@@ -85,14 +85,31 @@ class RolloutRecords:
         # replace what the driver that took over wrote (and built its fine-tune jobs from).
         self.run.write_json_once(rollouts_path(name), [r.to_dict() for r in rollouts], "rollouts")
         self.log_artifact("full_rollouts", "full_rollouts", [rollouts_path(name)])
-        if self.text_rl.save_transcripts:
-            data = [raw_transcript(r, self.agent_names) for r in rollouts]
-            ext = self.text_rl.transcript_format
-            path = f"transcripts/raw_{name}.{ext}"
-            if ext == "yaml":
-                self.run.write_once(path, yaml.safe_dump(data, sort_keys=False).encode(), "transcripts")
-            else:
-                self.run.write_json_once(path, data, "transcripts")
+        self._save_transcripts(name, rollouts)
+
+    def reuse_rollouts(self, name: str) -> list[NestedArrayDict]:
+        """The rollouts ``name`` an interrupted attempt stored, completed with their transcripts.
+
+        That attempt may have stopped (or been paused and taken over) between the rollouts
+        and their transcripts: this driver writes the transcripts then, so that the old one,
+        if it wakes, finds them (their bytes follow from the rollouts: equal bytes, no-op).
+        """
+        rollouts = self.load_rollouts(name)
+        if self.run.persistent:
+            self._save_transcripts(name, rollouts)
+        return rollouts
+
+    def _save_transcripts(self, name: str, rollouts: list[NestedArrayDict]) -> None:
+        if not self.text_rl.save_transcripts:
+            return
+        data = [raw_transcript(r, self.agent_names) for r in rollouts]
+        ext = self.text_rl.transcript_format
+        path = f"transcripts/raw_{name}.{ext}"
+        if ext == "yaml":
+            created = self.run.write_once(path, yaml.safe_dump(data, sort_keys=False).encode(), "transcripts")
+        else:
+            created = self.run.write_json_once(path, data, "transcripts")
+        if created:
             self.log_artifact("raw_transcript", "raw_transcript", [path])
 
     # -- models and stage summaries ----------------------------------------------------------
@@ -102,8 +119,16 @@ class RolloutRecords:
         if not self.run.exists(models_path(iteration)):
             self.run.write_json_once(models_path(iteration), models, "models record")
 
-    def write_summary(self, iteration: int, stage: str, summary: dict[str, Any]) -> None:
-        self.run.write_json(summary_path(iteration, stage), summary)
+    def write_summary(self, iteration: int, stage: str, summary: dict[str, Any]) -> dict[str, Any]:
+        """Write the stage's summary once; the summary that stands (the first one written).
+
+        A stage is run again only when its process died after the summary and before the
+        state moved on; the first summary is kept then (what orchestrators may already have
+        read). A driver that lost its lease gets ``LeaseLostError`` instead.
+        """
+        if not self.run.persistent:
+            return summary
+        return self.run.write_json_keep_first(summary_path(iteration, stage), summary, "stage summary")
 
     def stored_summary(self, iteration: int, stage: str) -> dict[str, Any] | None:
         if not self.run.exists(summary_path(iteration, stage)):

@@ -51,7 +51,7 @@ def sample_rollouts(trainer: "PureTextRlTrainer") -> dict[str, Any]:
     trainer.records.record_models(i, models())
     name = str(i)
     if trainer.records.has_rollouts(name):
-        rollouts = trainer.records.load_rollouts(name)  # written by an interrupted attempt: never rewrite
+        rollouts = trainer.records.reuse_rollouts(name)  # written by an interrupted attempt: never rewrite
     else:
         rollouts = trainer._sample_rollouts(trainer.scenario.train_environment, i, use_tqdm=True)
         trainer.reach_point(i, Stage.SAMPLE_ROLLOUTS.value, "before_save")

@@ -179,12 +179,12 @@ class TensorDictCheckpointMixin:
         if not self.run.persistent:  # a NullRun: not even serialised
             return
         name = checkpoint_name(iteration)
-        save_run_checkpoint(self.run, name, data if data is not None else self._checkpoint_bytes(),
-                            iteration=iteration, metadata=self._get_metadata())
+        data_rel = save_run_checkpoint(self.run, name, data if data is not None else self._checkpoint_bytes(),
+                                       iteration=iteration, metadata=self._get_metadata())
         self._stored_iteration = iteration
         self.state.iteration = iteration
         self.save_state()
-        self.log_run_artifact("checkpoint", "checkpoint", [f"checkpoints/{name}.pt", f"checkpoints/{name}.json"])
+        self.log_run_artifact("checkpoint", "checkpoint", [data_rel, f"checkpoints/{name}.json"])
 
     def latest_checkpoint_iteration(self, upto: int | None = None) -> int | None:
         """The newest checkpointed iteration (at most ``upto`` when given)."""

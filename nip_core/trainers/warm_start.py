@@ -126,8 +126,10 @@ def prepare_warm_start(run: "Run", source: "Run") -> dict[str, Any]:
         run.storage.remove(f"{WARM_START_DIR}/{name}")
     checkpoint = final_checkpoint(source)
     if checkpoint is not None:
-        for suffix in (".pt", ".json"):
-            rel = f"checkpoints/{checkpoint}{suffix}"
+        # the manifest names its data file (``<name>.pt`` or a content-addressed one); the
+        # copy here is always ``<name>.pt`` beside the manifest
+        files = ((source.checkpoint_data_rel(checkpoint), ".pt"), (f"checkpoints/{checkpoint}.json", ".json"))
+        for rel, suffix in files:
             try:
                 data = source.storage.read_bytes(rel)
             except FileNotFoundError:

@@ -33,6 +33,7 @@ import torch
 from nip_core.llm.testing import local_api_server
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
 from nip_core.trainers.checkpoint_files import read_checkpoint
+from tests.run_files import run_file, run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -62,7 +63,10 @@ def snapshot(run_dir: Path) -> dict[str, tuple[int, int, int]]:
     out = {}
     for name in WATCHED:
         top = run_dir / name
-        paths = [top] if top.is_file() else (sorted(top.rglob("*")) if top.is_dir() else [])
+        if top.suffix:  # a file, with its versions of later epochs (state.g0000000003.json, ...)
+            paths = sorted(run_dir.glob(f"{top.stem}*{top.suffix}"))
+        else:
+            paths = sorted(top.rglob("*")) if top.is_dir() else []
         for p in paths:
             try:
                 if p.is_file() and not p.name.startswith("."):
@@ -138,7 +142,7 @@ class Sweep:
 
 
 def metrics_rows(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lines = run_file(run_dir, "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]  # every line parses: no torn or glued line
     keys = [(r.get("kind", "train"), r["iteration"]) for r in rows]
     assert len(keys) == len(set(keys)), f"duplicate metrics lines: {keys}"
@@ -155,7 +159,7 @@ def base_env(tmp_path: Path) -> dict[str, str]:
 def check_text_run(server, run_dir: Path) -> None:
     from nip_core.runs import RunStore
 
-    state = json.loads((run_dir / "state.json").read_text())
+    state = run_json(run_dir, "state.json")
     assert state["train_loop_stage"] == "done" and state["iteration"] == EI_PARAMS["rl"]["num_iterations"]
     run = RunStore(str(run_dir.parent)).open_run(run_dir.name)
     client = server.client()
@@ -164,7 +168,7 @@ def check_text_run(server, run_dir: Path) -> None:
     intents = [(j.metadata["nipflow_iteration"], j.metadata["nipflow_group"], j.metadata["nipflow_attempt"])
                for j in jobs]
     assert intents and len(intents) == len(set(intents)), f"a job was created twice: {sorted(intents)}"
-    recorded = sorted(p.name for p in (run_dir / "fine_tune").glob("iter_*.json"))
+    recorded = [name for name in run.list_files("fine_tune") if name.startswith("iter_")]
     assert sorted(f"iter_{i}_{g}.json" for i, g, _ in intents) == recorded
     files = [f for f in client.files.list() if f.filename.startswith(f"nipflow-{run.incarnation}-")]
     assert sorted(f.id for f in files) == sorted(j.training_file for j in jobs), "an upload no job uses"
@@ -192,7 +196,7 @@ def test_kill_sweep_pure_text_ei_direct_with_lost_responses(tmp_path):
 
 def final_checkpoint(run_dir: Path) -> bytes:
     manifest = json.loads((run_dir / "checkpoints" / f"iter_{GI_ITERATIONS:06d}.json").read_text())
-    data = (run_dir / "checkpoints" / f"iter_{GI_ITERATIONS:06d}.pt").read_bytes()
+    data = (run_dir / "checkpoints" / manifest["data"]).read_bytes()  # the data file it names
     assert hashlib.sha256(data).hexdigest() == manifest["sha256"]
     return data
 
@@ -218,7 +222,7 @@ def test_kill_sweep_gi_ppo_direct_ends_bit_identical(tmp_path):
     assert reference.returncode == 0, reference.stderr[-3000:]
     sweep = Sweep(command("killed"), runs / "killed", env, kills=5, seed=7, log_dir=tmp_path)
     assert sweep.run() >= 2
-    state = json.loads((runs / "killed" / "state.json").read_text())
+    state = run_json(runs / "killed", "state.json")
     assert state["iteration"] == GI_ITERATIONS
     ours, theirs = agent_tensors(final_checkpoint(runs / "killed")), agent_tensors(final_checkpoint(runs / "reference"))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)

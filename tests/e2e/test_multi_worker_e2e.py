@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from prefect_e2e_processes import REPO, Api, setup_and_deploy, wait_for
+from tests.run_files import run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -128,7 +129,7 @@ def test_gpu_limit_keeps_rl_blocks_of_two_experiments_apart(prefect_server, depl
     for rid in run_ids:
         assert [(b["start"], b["stop"]) for b in blocks[rid]] == [(0, 1), (1, 2)], blocks[rid]
         assert {b["worker"] for b in blocks[rid]} <= {"gpu-a", "gpu-b"}
-        state = json.loads((runs_dir / rid / "state.json").read_text())
+        state = run_json(runs_dir / rid, "state.json")
         assert state["iteration"] == 2
     block_runs = [r for r in api.flow_runs("rl_iteration_block") if block_run_id(r) in run_ids]
     assert len(block_runs) == 4

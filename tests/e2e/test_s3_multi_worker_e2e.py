@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from nip_core.runs.fencing import untagged
 from prefect_e2e_processes import REPO, Api, setup_and_deploy, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -110,7 +111,9 @@ def test_sweep_on_s3_spreads_over_two_workers_and_runs_every_stage_once(
         run_dir = f"{BUCKET}/runs/{rid}"
         # the run directory, with its parameters and final state, is on S3 ...
         assert fs.exists(f"{run_dir}/hyper_params.json")
-        state = json.loads(fs.cat_file(f"{run_dir}/state.json"))
+        versions = [p.rsplit("/", 1)[1] for p in fs.ls(run_dir, detail=False)]  # the newest epoch's is read
+        state_name = max((n for n in versions if untagged(n)[0] == "state.json"), key=lambda n: untagged(n)[1])
+        state = json.loads(fs.cat_file(f"{run_dir}/{state_name}"))
         assert (state["iteration"], state["train_loop_stage"]) == (1, "done")
         # ... every stage ran exactly once ...
         executions = read_jsonl(fs, f"{run_dir}/executions.jsonl")

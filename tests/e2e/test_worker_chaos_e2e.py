@@ -51,6 +51,7 @@ from prefect_e2e_processes import (
     setup_and_deploy,
     wait_for,
 )
+from tests.run_files import run_file, run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -178,11 +179,12 @@ def test_runs_complete_whatever_moment_their_workers_die(prefect_server, workers
 
     # one metrics line per (kind, iteration); the run store says done; the result card says completed
     for run_id, iterations in ((CV_RUN, CV_ITERATIONS), (GI_RUN, GI_ITERATIONS)):
-        rows = [json.loads(line) for line in (runs_dir / run_id / "metrics.jsonl").read_text().splitlines() if line]
+        rows = [json.loads(line) for line in run_file(runs_dir / run_id, "metrics.jsonl").read_text().splitlines()
+                if line]
         per_line = Counter((r.get("kind", "train"), r["iteration"]) for r in rows)
         assert set(per_line.values()) == {1}, per_line
         assert {it for kind, it in per_line if kind == "train"} == set(range(iterations))
-        state = json.loads((runs_dir / run_id / "state.json").read_text())
+        state = run_json(runs_dir / run_id, "state.json")
         assert state["iteration"] == iterations
         card = api.latest_artifact(f"{run_id}-result-card")
         assert card is not None and "completed" in card.data, card

@@ -125,10 +125,11 @@ class FakeRlTrainer(Trainer):
     """``run_iterations`` with a checkpoint per range, like ``TensorDictRlTrainer``."""
 
     def _restore(self) -> float:
-        if "latest" not in self.run.list_checkpoints():
+        names = sorted(n for n in self.run.list_checkpoints() if n.startswith("upto_"))
+        if not names:
             self.state.iteration = 0
             return 1.0
-        data, manifest = self.run.load_checkpoint_bytes("latest")
+        data, manifest = self.run.load_checkpoint_bytes(names[-1])  # checkpoints are written once
         self.state.iteration = manifest["iteration"]
         return json.loads(data)["w"]
 
@@ -145,7 +146,7 @@ class FakeRlTrainer(Trainer):
                 self.run.write_json(marker, {"at": i})
                 raise RuntimeError(f"injected fault at iteration {i}")
             self.log_stats({"w": w}, i)
-        self.run.save_checkpoint_bytes("latest", json.dumps({"w": w}).encode(), iteration=stop)
+        self.run.save_checkpoint_bytes(f"upto_{stop:06d}", json.dumps({"w": w}).encode(), iteration=stop)
         self.state.iteration = stop
         self.save_state()
         record(self.run, event="end", start=start, stop=stop)

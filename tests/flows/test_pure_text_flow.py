@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,6 +10,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from nip_core.runs.fencing import logical_names
+from nip_core.runs.storage import Storage
+from tests.run_files import run_file
 
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -65,7 +68,7 @@ def test_new_flow_run_reuses_completed_stages(fakes, tmp_path):
     assert set(names.values()) == {"Cached"}
     assert len(names) == STAGES_PER_RUN_2_ITERATIONS
     # one fine-tune job record per iteration, and the summary artifact names the run store
-    assert sorted(os.listdir(run_dir / "fine_tune")) == ["job-0.json", "job-1.json"]
+    assert logical_names(Storage(str(run_dir)), "fine_tune") == ["job-0.json", "job-1.json"]
     assert len(list((run_dir / "results").iterdir())) == STAGES_PER_RUN_2_ITERATIONS
 
 
@@ -111,7 +114,7 @@ def test_sigkill_inside_a_stage_then_resume(fakes, tmp_path, subprocess_env):
     assert names["test_during_training[it=1]"] == "Cached"
     assert names["create_fine_tune_jobs[it=1]"] == "Completed"
     assert names["test[it=2]"] == "Completed"
-    assert sorted(os.listdir(run_dir / "fine_tune")) == ["job-0.json", "job-1.json"]
+    assert logical_names(Storage(str(run_dir)), "fine_tune") == ["job-0.json", "job-1.json"]
 
     # the final state equals an uninterrupted run's
     from nip_core.trainers import build_trainer
@@ -120,7 +123,7 @@ def test_sigkill_inside_a_stage_then_resume(fakes, tmp_path, subprocess_env):
     hp = ref_params.hyper_params()
     build_trainer(hp, ref_params.settings(hp)).train()  # uninterrupted, without Prefect
     ref_state = (tmp_path / "runs" / "text-reference" / "state.json").read_text()
-    assert (run_dir / "state.json").read_text() == ref_state
+    assert run_file(run_dir, "state.json").read_text() == ref_state
 
 
 @pytest.mark.long(75)

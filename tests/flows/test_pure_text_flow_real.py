@@ -43,6 +43,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.run_files import run_json
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
@@ -133,7 +135,7 @@ def _stage_result(run_dir: Path, task_name: str) -> dict:
 
 
 def _comparable_state(run_dir: Path) -> dict:
-    state = json.loads((run_dir / "state.json").read_text())
+    state = run_json(run_dir, "state.json")
     state.pop("tokens_used")
     for g in state["shared_model_groups"].values():  # job ids are random; model names carry run and job ids
         g["fine_tune_job_id"] = g["fine_tune_job_id"] is not None
@@ -206,7 +208,7 @@ def test_real_pure_text_flow_sigkilled_in_every_stage_resumes_to_the_clean_resul
             keys = sorted((j.metadata["nipflow_iteration"], j.metadata["nipflow_group"]) for j in jobs)
             assert keys == [("0", "prover"), ("0", "verifier")], run_id
         jobs = _jobs_of(client, "killed")
-        state = json.loads((runs / "killed" / "state.json").read_text())
+        state = run_json(runs / "killed", "state.json")
         assert {g: s["fine_tuned_model_name"] for g, s in state["shared_model_groups"].items()} == \
             {j.metadata["nipflow_group"]: client.fine_tuning.jobs.retrieve(j.id).fine_tuned_model for j in jobs}
         for group in ("prover", "verifier"):  # the same fine-tune data as the clean run

@@ -16,8 +16,9 @@ def _params(tmp_path, run_id):
 
 
 def _final_w(run_dir):
-    manifest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
-    return manifest["iteration"], json.loads((run_dir / "checkpoints" / "latest.pt").read_text())["w"]
+    """The iteration and weight of the fake trainer's newest checkpoint (``upto_<stop>``)."""
+    manifest = json.loads(max((run_dir / "checkpoints").glob("upto_*.json")).read_text())
+    return manifest["iteration"], json.loads((run_dir / "checkpoints" / manifest["data"]).read_text())["w"]
 
 
 def _train_directly(parameters):

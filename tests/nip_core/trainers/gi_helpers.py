@@ -50,3 +50,19 @@ def make_trainer(hp, tmp_path, run_id="r", **settings_kw):
 def params_of(trainer):
     """A detached copy of the trainer's agent weights."""
     return {k: v.detach().clone() for k, v in trainer.agents.state_dict().items()}
+
+
+def plant_checkpoint(run, name: str, data: bytes, **info) -> None:
+    """Put ``data`` in place of ``run``'s checkpoint ``name``, as a file an older nipflow left there.
+
+    Those versions stored ``checkpoints/<name>.pt`` and a manifest without a ``data`` field
+    and replaced both on every save; today's run store writes each once, so a test that
+    stands in an older version's (or a tampered) file writes it here, past the run store.
+    """
+    import hashlib
+    import json
+
+    run.storage.write_bytes(f"checkpoints/{name}.pt", data)
+    manifest = {"name": name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                "params_hash": run.params_hash, "saved_at": "2026-01-01T00:00:00+00:00", **info}
+    run.storage.write_bytes(f"checkpoints/{name}.json", json.dumps(manifest, sort_keys=True).encode())

@@ -16,7 +16,7 @@ import torch
 
 from nip_core.trainers import checkpoint_files, tensordict_checkpoints, tensordict_rl
 from nip_core.trainers.checkpoint_files import read_checkpoint
-from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, tiny_params
+from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, plant_checkpoint, tiny_params
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="simulates a CPU-only host")
 
@@ -60,7 +60,7 @@ def test_old_pickled_checkpoint_written_on_cuda_resumes_on_a_cpu_host(tmp_path, 
     buffer = io.BytesIO()
     torch.save(first.checkpoint_state(), buffer)
     monkeypatch.undo()
-    first.run.save_checkpoint_bytes("iter_000002", buffer.getvalue(), iteration=2)
+    plant_checkpoint(first.run, "iter_000002", buffer.getvalue(), iteration=2)
     data, _ = first.run.load_checkpoint_bytes("iter_000002")
     with pytest.raises(RuntimeError, match="CUDA"):
         torch.load(io.BytesIO(data), weights_only=False)  # what the trainer did before: fails here
@@ -112,8 +112,8 @@ def test_cuda_rng_states_round_trip_through_the_checkpoint(tmp_path, fake_cuda):
     hp = tiny_params()
     writer = make_trainer(hp, tmp_path, device="cpu")
     writer.run_iterations(0, 1)
-    writer.settings.device = "cuda"  # the state a CUDA trainer checkpoints
-    writer.save_checkpoint()
+    writer.settings.device = "cuda"  # the state a CUDA trainer checkpoints, in place of the CPU one
+    plant_checkpoint(writer.run, "iter_000001", writer._checkpoint_bytes(), iteration=1)  # (written once)
     data, _ = writer.run.load_checkpoint_bytes("iter_000001")
     assert len(read_checkpoint(data, source="iter_000001")["rng"]["torch_cuda"]) == 2
 
@@ -131,7 +131,7 @@ def test_cuda_rng_states_are_skipped_without_cuda(tmp_path, fake_cuda, monkeypat
     writer = make_trainer(hp, tmp_path, device="cpu")
     writer.run_iterations(0, 1)
     writer.settings.device = "cuda"
-    writer.save_checkpoint()
+    plant_checkpoint(writer.run, "iter_000001", writer._checkpoint_bytes(), iteration=1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU-only host
 
     data, _ = writer.run.load_checkpoint_bytes("iter_000001")

@@ -27,7 +27,9 @@ from nip_core.trainers.checkpoint_format import (
 from nip_core.trainers.checkpoint_legacy import convert_pickled_checkpoint, is_pickled, main
 from nip_core.trainers.solo_agent import SoloAgentTrainer
 from nip_core.trainers.warm_start import prepare_warm_start
-from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, settings_for, tiny_params, tiny_scenario
+from tests.nip_core.trainers.gi_helpers import (
+    make_trainer, params_of, plant_checkpoint, settings_for, tiny_params, tiny_scenario,
+)
 
 
 def assert_same(a, b, path=""):
@@ -148,7 +150,7 @@ def test_old_pickled_checkpoint_resumes_bit_identically_with_a_warning_naming_it
     first.run_iterations(0, 2)
     state, _ = load_run_checkpoint(first.run, "iter_000002")
     # The checkpoint as the previous nipflow wrote it (torch.save of the same state).
-    first.run.save_checkpoint_bytes("iter_000002", pickled(state), iteration=2)
+    plant_checkpoint(first.run, "iter_000002", pickled(state), iteration=2)
     resumed = make_trainer(hp, tmp_path / "b")
     with caplog.at_level(logging.WARNING, logger="nip_core.trainers.checkpoint_legacy"):
         resumed.run_iterations(2, 4)
@@ -177,7 +179,7 @@ def test_old_pickled_solo_checkpoint_resumes_bit_identically(tmp_path):
     for suffix in (".pt", ".json"):  # back to epoch 2's checkpoint, in the old format
         (tmp_path / "b" / "solo" / "checkpoints" / f"iter_000003{suffix}").unlink()
     state, _ = load_run_checkpoint(first.run, "iter_000002")
-    first.run.save_checkpoint_bytes("iter_000002", pickled(state), iteration=2)
+    plant_checkpoint(first.run, "iter_000002", pickled(state), iteration=2)
     resumed = solo(tmp_path / "b")
     assert resumed.restore_latest_checkpoint() == 2  # numpy's RNG state: allowlisted
     resumed.train()
@@ -189,7 +191,7 @@ def test_warm_start_from_an_old_pickled_checkpoint(tmp_path):
     first = make_trainer(hp, tmp_path, run_id="first")
     first.run_iterations(0, 2)
     state, _ = load_run_checkpoint(first.run, "iter_000002")
-    first.run.save_checkpoint_bytes("iter_000002", pickled(state), iteration=2)
+    plant_checkpoint(first.run, "iter_000002", pickled(state), iteration=2)
     second = make_trainer(tiny_params(seed=3, rl=dict(num_iterations=1)), tmp_path, run_id="second")
     prepare_warm_start(second.run, first.run)
     assert second.maybe_warm_start()
@@ -204,7 +206,7 @@ def test_a_pickle_outside_the_allowlist_is_refused_then_converted_once_when_trus
     first.run_iterations(0, 2)
     state, _ = load_run_checkpoint(first.run, "iter_000002")
     state["iteration"] = np.int64(2)  # a numpy scalar: its pickle needs a global outside the allowlist
-    first.run.save_checkpoint_bytes("iter_000002", pickled(state), iteration=2)
+    plant_checkpoint(first.run, "iter_000002", pickled(state), iteration=2)
     path = tmp_path / "b" / "r" / "checkpoints" / "iter_000002.pt"
     old_sha = hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -237,7 +239,7 @@ def test_a_pickle_outside_the_allowlist_is_refused_then_converted_once_when_trus
 
 def test_converting_refuses_a_file_that_does_not_match_its_manifest(tmp_path):
     trainer = make_trainer(tiny_params(), tmp_path)
-    trainer.run.save_checkpoint_bytes("iter_000001", pickled({"iteration": 1}), iteration=1)
+    plant_checkpoint(trainer.run, "iter_000001", pickled({"iteration": 1}), iteration=1)
     path = tmp_path / "r" / "checkpoints" / "iter_000001.pt"
     path.write_bytes(pickled({"iteration": 2}))
     with pytest.raises(CorruptCheckpointError, match="sha256 does not match its manifest"):

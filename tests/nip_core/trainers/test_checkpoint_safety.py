@@ -20,7 +20,9 @@ import torch
 from nip_core.errors import CorruptCheckpointError
 from nip_core.runs import RunStore
 from nip_core.trainers.solo_agent import SoloAgentTrainer
-from tests.nip_core.trainers.gi_helpers import make_trainer, settings_for, tiny_params, tiny_scenario
+from tests.nip_core.trainers.gi_helpers import (
+    make_trainer, plant_checkpoint, settings_for, tiny_params, tiny_scenario,
+)
 
 
 class Payload:
@@ -54,7 +56,7 @@ def test_tensordict_trainer_refuses_a_pickle_that_runs_code(tmp_path):
     marker = tmp_path / "marker"
     trainer = make_trainer(tiny_params(), tmp_path / "runs", run_id="victim")
     # What an attacker with write access produces: data plus a manifest that matches it.
-    trainer.run.save_checkpoint_bytes("iter_000002", malicious_checkpoint(marker, 2), iteration=2)
+    plant_checkpoint(trainer.run, "iter_000002", malicious_checkpoint(marker, 2), iteration=2)
     with pytest.raises(Exception) as info:
         trainer.restore_checkpoint(2)
     assert_refused(info, marker, r"victim[/\\]checkpoints[/\\]iter_000002\.pt")
@@ -67,7 +69,7 @@ def test_solo_agent_trainer_refuses_a_pickle_that_runs_code(tmp_path):
     settings = settings_for(tmp_path / "runs", run_id="solo")
     run = RunStore(str(tmp_path / "runs")).open_run("solo", hp)
     trainer = SoloAgentTrainer(hp, settings=settings, run=run, scenario_instance=tiny_scenario(hp, settings, "solo_agent"))
-    run.save_checkpoint_bytes("iter_000001", malicious_checkpoint(marker, 1), iteration=1)
+    plant_checkpoint(run, "iter_000001", malicious_checkpoint(marker, 1), iteration=1)
     with pytest.raises(Exception) as info:
         trainer.train()
     assert_refused(info, marker, r"solo[/\\]checkpoints[/\\]iter_000001\.pt")
@@ -96,7 +98,7 @@ def test_evaluate_refuses_a_pickle_that_runs_code(tmp_path):
     marker = tmp_path / "marker"
     files = write_files(tmp_path / "files")
     run = RunStore(str(tmp_path / "runs")).open_run("gi", tiny_params(rl=dict(num_iterations=2)))
-    run.save_checkpoint_bytes("iter_000002", malicious_checkpoint(marker, 2), iteration=2)
+    plant_checkpoint(run, "iter_000002", malicious_checkpoint(marker, 2), iteration=2)
     with pytest.raises(Exception) as info:
         evaluate_run("gi", files["big"], runs_dir=str(tmp_path / "runs"))
     assert_refused(info, marker, r"gi[/\\]checkpoints[/\\]iter_000002\.pt")

@@ -16,7 +16,6 @@ base model), the server must hold exactly one job per
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from nip_core.llm.testing import local_api_server
+from tests.run_files import run_file, run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -93,7 +93,7 @@ def rollout_files(run_dir: Path) -> dict[str, tuple[str, int]]:
 
 
 def comparable_state(run_dir: Path) -> dict:
-    state = json.loads((run_dir / "state.json").read_text()) if (run_dir / "state.json").exists() else None
+    state = run_json(run_dir, "state.json") if run_file(run_dir, "state.json").exists() else None
     assert state is not None, f"no state in {run_dir}: {sorted(os.listdir(run_dir))}"
     state.pop("tokens_used")
     for g in state["shared_model_groups"].values():  # ids differ between servers' jobs; names carry run ids
@@ -132,11 +132,11 @@ def kill_resume_and_compare(tmp_path: Path, trainer: str, kill_points: list[str]
         keys = job_keys("killed")
         assert keys and keys == job_keys("clean")  # one job per (iteration, group), none repeated
         jobs = [j for j in all_jobs if (j.metadata or {}).get("nipflow_run_id") == "killed"]
-        state = json.loads((runs / "killed" / "state.json").read_text())
+        state = run_json(runs / "killed", "state.json")
         assert {g: state["shared_model_groups"][g]["fine_tuned_model_name"] for _, g in keys} == \
             {j.metadata["nipflow_group"]: client.fine_tuning.jobs.retrieve(j.id).fine_tuned_model for j in jobs}
         for _, group in keys:
-            files = [json.loads((runs / r / "fine_tune" / f"iter_0_{group}.json").read_text())["file_id"]
+            files = [run_json(runs / r, f"fine_tune/iter_0_{group}.json")["file_id"]
                      for r in ("clean", "killed")]
             assert client.files.content(files[0]).read() == client.files.content(files[1]).read()
     assert set(seen) == {"0.json", "1.json", "test_1.json"}

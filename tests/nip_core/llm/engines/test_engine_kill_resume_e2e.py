@@ -11,11 +11,11 @@ intent has two jobs.
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from tests.e2e.test_kill_sweep import NIPFLOW, Sweep, base_env, metrics_rows
+from tests.run_files import run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ def test_kill_sweep_against_the_transformers_engine(tiny_server, tiny_client, tm
     sweep = Sweep(command, runs / "tiny-kill", env, kills=3, seed=11, log_dir=tmp_path)
     assert sweep.run() >= 2
     tiny_server.clear_faults()
-    state = json.loads((runs / "tiny-kill" / "state.json").read_text())
+    state = run_json(runs / "tiny-kill", "state.json")
     assert state["train_loop_stage"] == "done" and state["iteration"] == 2
     rows = metrics_rows(runs / "tiny-kill")
     assert sorted(r["iteration"] for r in rows if r["kind"] == "train") == [0, 1]
