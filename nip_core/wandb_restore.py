@@ -301,20 +301,24 @@ def check_restored_files(run_id: str, files: dict[str, str], source: str) -> Res
         iteration = int(state.iteration)
     params_hash = params.params_hash()
     checkpoints = []
-    for rel in sorted(files):
-        if not (rel.startswith("checkpoints/") and rel.endswith(".pt")):
-            continue
-        manifest_rel = rel[:-3] + ".json"
-        if manifest_rel not in files:
-            log.warning("%s: no manifest %s; this checkpoint is not restored", files[rel], manifest_rel)
+    for manifest_rel in sorted(files):
+        if not (manifest_rel.startswith("checkpoints/") and manifest_rel.endswith(".json")):
             continue
         manifest = _read_json(files[manifest_rel], "checkpoint manifest")
+        name = manifest_rel[len("checkpoints/"):-len(".json")]
+        data_name = str(manifest.get("data") or f"{name}.pt")  # the data file it names
+        if "/" in data_name or not data_name.startswith(f"{name}.") or not data_name.endswith(".pt"):
+            raise WandbRestoreError(f"{files[manifest_rel]}: names a data file outside the checkpoint ({data_name!r})")
+        rel = f"checkpoints/{data_name}"
+        if rel not in files:
+            log.warning("%s: no data file %s; this checkpoint is not restored", files[manifest_rel], rel)
+            continue
         if file_sha256(files[rel]) != manifest.get("sha256"):
             raise WandbRestoreError(f"{files[rel]}: sha256 does not match its manifest {manifest_rel}")
         if manifest.get("params_hash") != params_hash:
             raise WandbRestoreError(f"{files[rel]}: written for params hash {manifest.get('params_hash')}, "
                                     f"the run's parameters have {params_hash}")
-        checkpoints.append(rel[len("checkpoints/"):-3])
+        checkpoints.append(name)
     if iteration and trainer_kind(params.trainer) == "tensordict" and f"iter_{iteration:06d}" not in checkpoints:
         raise WandbRestoreError(f"{files[STATE_FILE]}: the state is at iteration {iteration} but {source} holds "
                                 f"no checkpoint iter_{iteration:06d}")
@@ -340,9 +344,11 @@ def write_restored_run(store: RunStore, run_id: str, files: dict[str, str], sour
         raise WandbRestoreError(f"run store entry {storage.url()} exists: refusing to restore over it "
                                 "(resume it as it is, or move it away first)")
     restored = check_restored_files(run_id, files, source)
-    kept = {f"checkpoints/{name}" for name in restored.checkpoints}
-    wanted = {rel: path for rel, path in files.items()
-              if not (rel.startswith("checkpoints/") and rel.rsplit(".", 1)[0] not in kept)}
+    kept = set()  # each restored checkpoint's manifest and the data file it names
+    for name in restored.checkpoints:
+        manifest = _read_json(files[f"checkpoints/{name}.json"], "checkpoint manifest")
+        kept |= {f"checkpoints/{name}.json", f"checkpoints/{manifest.get('data') or name + '.pt'}"}
+    wanted = {rel: path for rel, path in files.items() if not rel.startswith("checkpoints/") or rel in kept}
     meta = _read_json(files[METADATA_FILE], "run metadata")
     meta["restored_from"] = {"source": source, "at": datetime.now(timezone.utc).isoformat()}
     meta_bytes = json_record_bytes(meta)

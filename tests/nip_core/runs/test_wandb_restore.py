@@ -83,6 +83,21 @@ def test_offline_dir_restores_params_state_checkpoints_and_incarnation_byte_for_
     assert not [p for p in (tmp_path / "runs").iterdir() if p.name != "r"]  # no temporary directory left
 
 
+def test_a_checkpoint_whose_data_file_is_content_addressed_is_restored_by_its_manifest(tmp_path):
+    """A driver that took over wrote iteration 2 again beside an orphan: its manifest names the data file."""
+    runs = tmp_path / "old"
+    run = RunStore(str(runs)).open_run("r", HyperParameters.from_dict(GI))
+    run.storage.create_exclusive("checkpoints/iter_000002.pt", b"an orphan, no manifest")
+    data_rel = run.save_checkpoint_bytes("iter_000002", b"weights of 2", iteration=2)
+    assert data_rel != "checkpoints/iter_000002.pt"
+    run.save_state(get_trainer_class("vanilla_ppo").State(iteration=2))
+    offline = as_offline_dir(runs / "r", tmp_path / "wandb")
+
+    restored = restore_from_offline_dir(RunStore(str(tmp_path / "runs")), "r", str(offline))
+    assert restored.checkpoints == ["iter_000002"]
+    assert RunStore(str(tmp_path / "runs")).open_run("r").load_checkpoint_bytes("iter_000002")[0] == b"weights of 2"
+
+
 def test_an_existing_entry_is_never_restored_over(tmp_path):
     offline = as_offline_dir(make_source_run(tmp_path / "old"), tmp_path / "wandb")
     (tmp_path / "runs" / "r").mkdir(parents=True)
