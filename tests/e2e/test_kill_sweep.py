@@ -93,8 +93,10 @@ class Sweep:
     seed: int
     log_dir: Path
     timeout_s: float = 600.0
+    may_give_up: bool = False  # an attempt may end on its own with a one-line error (then it is started again)
     rollouts: dict[str, tuple[int, str]] = field(default_factory=dict)  # first (inode, sha256) seen
     plans: list[tuple[str, float]] = field(default_factory=list)
+    gave_up: list[str] = field(default_factory=list)  # the error line of each attempt that gave up
 
     def _check_rollouts(self) -> None:
         for p in sorted((self.run_dir / "rollouts").glob("*.json")) if (self.run_dir / "rollouts").exists() else []:
@@ -136,8 +138,13 @@ class Sweep:
             self._check_rollouts()
             if rc == 0:
                 return killed
-            tail = (self.log_dir / f"attempt{attempt}.log").read_text(errors="replace")[-3000:]
-            assert rc == -signal.SIGKILL, f"attempt {attempt} failed with {rc}:\n{tail}"
+            said = (self.log_dir / f"attempt{attempt}.log").read_text(errors="replace")
+            if rc != -signal.SIGKILL and self.may_give_up:
+                errors = [line for line in said.splitlines() if line.startswith("nipflow: error:")]
+                assert len(errors) == 1 and "Traceback" not in said, f"attempt {attempt} ended {rc}:\n{said[-3000:]}"
+                self.gave_up.append(errors[0])
+                continue
+            assert rc == -signal.SIGKILL, f"attempt {attempt} failed with {rc}:\n{said[-3000:]}"
             killed += 1
 
 
@@ -156,11 +163,11 @@ def base_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def check_text_run(server, run_dir: Path) -> None:
+def check_text_run(server, run_dir: Path, iterations: int = EI_PARAMS["rl"]["num_iterations"]) -> None:
     from nip_core.runs import RunStore
 
     state = run_json(run_dir, "state.json")
-    assert state["train_loop_stage"] == "done" and state["iteration"] == EI_PARAMS["rl"]["num_iterations"]
+    assert state["train_loop_stage"] == "done" and state["iteration"] == iterations
     run = RunStore(str(run_dir.parent)).open_run(run_dir.name)
     client = server.client()
     jobs = [j for j in client.fine_tuning.jobs.list(limit=100, metadata={"nipflow_run_id": run_dir.name})
@@ -173,8 +180,9 @@ def check_text_run(server, run_dir: Path) -> None:
     files = [f for f in client.files.list() if f.filename.startswith(f"nipflow-{run.incarnation}-")]
     assert sorted(f.id for f in files) == sorted(j.training_file for j in jobs), "an upload no job uses"
     rows = metrics_rows(run_dir)
-    assert sorted(r["iteration"] for r in rows if r["kind"] == "train") == [0, 1]
-    assert sorted(p.name for p in (run_dir / "rollouts").glob("*.json")) == ["0.json", "1.json", "test_1.json"]
+    assert sorted(r["iteration"] for r in rows if r["kind"] == "train") == list(range(iterations))
+    assert sorted(p.name for p in (run_dir / "rollouts").glob("*.json")) == sorted(
+        [f"{i}.json" for i in range(iterations)] + [f"test_{iterations - 1}.json"])
 
 
 def test_kill_sweep_pure_text_ei_direct_with_lost_responses(tmp_path):

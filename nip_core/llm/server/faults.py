@@ -26,8 +26,8 @@ sequence of requests meets the same faults on every run):
 others of the group pass untouched and draw nothing. All faults but ``rate_lose_response``
 and ``rate_act_late`` are injected *before* the request is handled, so retrying them never has a side effect
 twice; a lost response is exactly the case where a blind retry duplicates the object. Set them at start-up (``--faults JSON``) or at run time with
-``POST /admin/faults`` (``GET`` shows them with the counts injected so far, ``DELETE``
-clears them).
+``POST /admin/faults`` (``GET`` shows them with the counts injected so far and the requests
+that drew, per group; ``DELETE`` clears them).
 """
 
 from __future__ import annotations
@@ -128,6 +128,7 @@ class FaultInjector:
         self.config = config
         self._rngs = {g: random.Random(f"{config.seed}|{g}") for g in (*ENDPOINT_GROUPS, "*")}
         self.counts: Counter[str] = Counter()
+        self.requests: Counter[str] = Counter()  # requests that drew, per group
 
     def _rule(self, group: str) -> FaultRule | None:
         return self.config.endpoints.get(group) or self.config.endpoints.get("*")
@@ -138,6 +139,7 @@ class FaultInjector:
         if rule is None or (rule.methods is not None and method.upper() not in rule.methods):
             return None, 0.0, None
         rng = self._rngs[group]
+        self.requests[group] += 1
         u, v = rng.random(), rng.random()
         delay = rule.slow_ms / 1000.0 if v < rule.rate_slow else 0.0
         if delay:
@@ -155,7 +157,7 @@ class FaultInjector:
         return fault, delay, rule
 
     def status(self) -> dict:
-        return {"config": self.config.model_dump(), "injected": dict(self.counts)}
+        return {"config": self.config.model_dump(), "injected": dict(self.counts), "requests": dict(self.requests)}
 
 
 async def discard(message: dict) -> None:
