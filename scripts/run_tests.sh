@@ -15,7 +15,7 @@ unset PREFECT_API_URL OPENAI_BASE_URL OPENAI_API_KEY
 # GNU nproc reports OMP_NUM_THREADS when it is set: count the cores without it.
 workers="${NIPFLOW_TEST_WORKERS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 set +e
-.venv/bin/python -m pytest -q --timeout=900 --durations=40 -n "$workers" --dist worksteal "$@"
+.venv/bin/python -m pytest -q --timeout=1800 --durations=40 -n "$workers" --dist worksteal "$@"
 rc=$?
 set -e
 # pytest's exit code 5 means no test was collected: that is a failure here.

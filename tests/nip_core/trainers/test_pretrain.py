@@ -10,7 +10,10 @@ from nip_core.trainers import pretrain
 from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
 from tests.nip_core.trainers.gi_helpers import params_of, settings_for, tiny_params, tiny_scenario
 
-SOLO = dict(num_epochs=40, batch_size=16, learning_rate=0.01)
+# Calibrated on both CPU kinds' numerics: with 40 epochs at lr 0.01 the verifier reached 0.75+
+# on the Intel kind but stalled at 0.569 on the AMD EPYC (its float sums differ, and so does
+# the trajectory); at lr 0.003 for 80 epochs it reaches 0.804 there (AMD, the default seed).
+SOLO = dict(num_epochs=80, batch_size=16, learning_rate=0.003)
 
 
 class Recording(VanillaPpoTrainer):
