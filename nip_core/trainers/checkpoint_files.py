@@ -54,12 +54,12 @@ def run_checkpoint_source(run: "Run", name: str) -> str:
         return run.storage.url(f"checkpoints/{name}.pt")
 
 
-def save_run_checkpoint(run: "Run", name: str, state: Mapping[str, Any] | bytes, **info: Any) -> str | None:
+def save_run_checkpoint(run: "Run", name: str, state: Mapping[str, Any] | bytes, **info: Any) -> str:
     """Store ``state`` (or bytes from :func:`encode_checkpoint`) as ``run``'s checkpoint ``name``.
 
     The run store writes the file and its sha256 manifest, each once; the manifest also
     records ``format`` (:data:`MANIFEST_FORMAT`) and ``info``. Returns the data file's path
-    in the run (None for a run that stores nothing).
+    in the run (for a run that stores nothing, the path it would have had).
     """
     data = state if isinstance(state, bytes) else encode_checkpoint(state)
     return run.save_checkpoint_bytes(name, data, format=MANIFEST_FORMAT, **info)
