@@ -57,6 +57,7 @@ from prefect_e2e_processes import (
     setup_and_deploy,
     wait_for,
 )
+from tests.run_files import run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -227,9 +228,9 @@ def test_watcher_killed_mid_tick_stalls_nothing_and_the_suspended_run_completes(
     assert len(resumes) == len(suspensions), resumes
 
     # the run store: done after the last iteration
-    state = json.loads((runs_dir / RUN_ID / "state.json").read_text())
+    state = run_json(runs_dir / RUN_ID, "state.json")  # its newest version
     assert (state["iteration"], state["train_loop_stage"]) == (NUM_ITERATIONS, "done")
-    suspension_keys = json.loads((runs_dir / RUN_ID / "orchestration" / "suspensions.json").read_text())
+    suspension_keys = run_json(runs_dir / RUN_ID, "orchestration/suspensions.json")
     assert suspension_keys == {str(it): 1 for it in FINE_TUNED_ITERATIONS}
 
     # the llm server: exactly one fine-tune job per (iteration, group) of this run
@@ -294,7 +295,7 @@ def test_gi_deployment_trains_on_the_cpu_through_the_gpu_pool(prefect_server, wo
     assert sorted((r.name, r.run_count, r.state.type.value, r.work_pool_name) for r in blocks) == [
         (f"rl-block-{i}[{i}:{i + 1}]", 1, "COMPLETED", "nipflow-gpu") for i in range(GI_ITERATIONS)]
     assert {r.parameters["spec"]["settings"]["device"] for r in blocks} == {"auto"}  # resolved by each block
-    state = json.loads((runs_dir / GI_RUN_ID / "state.json").read_text())
+    state = run_json(runs_dir / GI_RUN_ID, "state.json")
     assert state["iteration"] == GI_ITERATIONS
     from nip_core.runs import RunStore
 
