@@ -25,7 +25,7 @@ import json
 import pytest
 
 from nip_core.llm.testing import local_api_server
-from tests.e2e.test_kill_sweep import EI_PARAMS, NIPFLOW, Sweep, base_env, check_text_run
+from tests.e2e.test_kill_sweep import EI_PARAMS, Sweep, base_env, check_text_run, ei_direct_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -43,10 +43,7 @@ def test_a_text_run_completes_exactly_once_through_faults_on_every_endpoint_and_
     with local_api_server(tmp_path / "api", job_time_scale=0.02, faults=faults) as server:
         env = {**base_env(tmp_path), "OPENAI_BASE_URL": server.base_url}
         runs = tmp_path / "runs"
-        command = [NIPFLOW, "run", "code_validation", "pure_text_ei", "--dataset", "nipflow-cv", "--run-id", "ei",
-                   "--runs-dir", str(runs), "--params", str(params_file), "--no-wandb", "--progress", "off",
-                   "--direct"]
-        sweep = Sweep(command, runs / "ei", env, kills=3, seed=seed, log_dir=tmp_path, may_give_up=True)
+        sweep = Sweep(ei_direct_command(runs, params_file), runs / "ei", env, kills=3, seed=seed, log_dir=tmp_path, may_give_up=True)
         kills = sweep.run()
         status = server.fault_status()
         injected = status["injected"]

@@ -185,16 +185,19 @@ def check_text_run(server, run_dir: Path, iterations: int = EI_PARAMS["rl"]["num
         [f"{i}.json" for i in range(iterations)] + [f"test_{iterations - 1}.json"])
 
 
+def ei_direct_command(runs: Path, params_file: Path, run_id: str = "ei") -> list[str]:
+    """``nipflow run`` of pure-text EI on nipflow-cv with ``params_file``, ``--direct``, no W&B."""
+    return [NIPFLOW, "run", "code_validation", "pure_text_ei", "--dataset", "nipflow-cv", "--run-id", run_id,
+            "--runs-dir", str(runs), "--params", str(params_file), "--no-wandb", "--progress", "off", "--direct"]
+
+
 def test_kill_sweep_pure_text_ei_direct_with_lost_responses(tmp_path):
     params_file = tmp_path / "ei.json"
     params_file.write_text(json.dumps(EI_PARAMS))
     with local_api_server(tmp_path / "api", job_time_scale=0.02, faults=LOSE_POSTS) as server:
         env = {**base_env(tmp_path), "OPENAI_BASE_URL": server.base_url}
         runs = tmp_path / "runs"
-        command = [NIPFLOW, "run", "code_validation", "pure_text_ei", "--dataset", "nipflow-cv", "--run-id", "ei",
-                   "--runs-dir", str(runs), "--params", str(params_file), "--no-wandb", "--progress", "off",
-                   "--direct"]
-        sweep = Sweep(command, runs / "ei", env, kills=6, seed=2024, log_dir=tmp_path)
+        sweep = Sweep(ei_direct_command(runs, params_file), runs / "ei", env, kills=6, seed=2024, log_dir=tmp_path)
         assert sweep.run() >= 2
         injected = server.fault_status()["injected"]
         assert injected.get("fine_tuning.jobs:lose_response", 0) + injected.get("files:lose_response", 0) >= 2
