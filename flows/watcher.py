@@ -17,8 +17,6 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from nip_core.agents.pure_text import TERMINAL_STATUSES
-
 TRAINING_FLOWS = ("train_experiment", "scheduled_retraining")
 
 
@@ -39,8 +37,11 @@ def suspended_training_runs(client) -> list[Any]:
 
 def jobs_finished(parameters: dict[str, Any], flow_run_id: str | None = None) -> tuple[bool, dict[str, str]]:
     """Whether the suspended run described by its flow ``parameters`` can go on."""
+    # Imported here: a tick with no suspended run (most ticks) loads Prefect only, not the
+    # trainers' torch stack (seconds of CPU for every tick of an interval schedule).
     from flows.experiment import build_flow_trainer
     from flows.parameters import ExperimentParameters
+    from nip_core.agents.pure_text import TERMINAL_STATUSES
 
     params = ExperimentParameters.from_flow_parameters(parameters)
     hyper_params = params.hyper_params()

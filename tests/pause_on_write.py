@@ -9,6 +9,10 @@ mutable files with ``create_exclusive``, their driver's own writes are the other
 the process sends itself ``SIGSTOP`` — every thread stops there, the lease's renewal thread
 included, as in a long GC or swap pause, a VM migration or a closed laptop lid. It goes on
 when it gets ``SIGCONT``. Production code knows nothing of this.
+
+``call:MODULE:CLASS.METHOD`` (or ``call:MODULE:FUNCTION``) as ``PATTERN`` stops instead as the
+``N``-th call of that function begins: a moment in the middle of computing or waiting, between
+two writes, reached at the same point of the run whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -19,7 +23,30 @@ import signal
 import sys
 
 
+def install_call(target: str, nth: int) -> None:
+    import importlib
+
+    module_name, _, qualname = target.partition(":")
+    *owner_path, attr = qualname.split(".")
+    owner = importlib.import_module(module_name)
+    for part in owner_path:
+        owner = getattr(owner, part)
+    original = getattr(owner, attr)
+    calls = [0]
+
+    def stop_then_call(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == nth:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return original(*args, **kwargs)
+
+    setattr(owner, attr, stop_then_call)
+
+
 def install(pattern: str, nth: int) -> None:
+    if pattern.startswith("call:"):
+        install_call(pattern[len("call:"):], nth)
+        return
     from nip_core.runs.storage import Storage
 
     seen = [0]

@@ -2,9 +2,9 @@
 
 A chain of drivers works on one run. Each is the real command line (``nipflow run`` for the
 first, ``nipflow resume`` after it, ``--direct``) and is stopped with ``SIGSTOP`` at its own
-moment: right after a chosen write (``tests/pause_on_write.py``: every thread stops, the
-lease's renewal thread included), or from outside in the middle of an iteration or of the
-wait for fine-tune jobs. The next driver takes the run over once the paused one's claim has
+moment (``tests/pause_on_write.py``: every thread stops, the lease's renewal thread included):
+right after a chosen write, or as a chosen call begins — in the middle of an iteration's
+training, or of the wait for fine-tune jobs. The next driver takes the run over once the paused one's claim has
 expired (``NIPFLOW_LEASE_TTL_S=2``); the last one is not paused and finishes the run. Then:
 
 * what every reader sees — each file of the run, a mutable file by its newest version — is
@@ -40,7 +40,7 @@ from nip_core.runs.fencing import is_mutable, untagged
 from tests.e2e.test_kill_sweep import (
     EI_PARAMS, GI_PARAMS, NIPFLOW, base_env, check_text_run, metrics_rows,
 )
-from tests.run_files import run_file, run_json
+from tests.run_files import run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -75,35 +75,27 @@ def reader_view(location: str) -> dict[str, str]:
 
 
 def run_chain(tmp_path: Path, run_args: list[str], resume_args: list[str], env: dict[str, str], location: str,
-              moments: list, progress) -> None:
+              moments: list[tuple[str, int]]) -> None:
     """Drive the run through ``moments`` (one paused driver each), finish it, wake them all, check.
 
-    A moment is ``(pattern, n)`` for ``tests/pause_on_write.py``, or ``(condition, delay_s)``:
-    SIGSTOP from outside ``delay_s`` after ``condition(start)`` holds, where ``start`` is
-    ``progress()`` when that driver started.
+    A moment is ``(pattern, n)`` for ``tests/pause_on_write.py``: a write, or a call's start.
     """
     env = {**env, "NIPFLOW_LEASE_TTL_S": TTL_S}
     paused: list[tuple[subprocess.Popen, Path]] = []
     try:
-        for k, moment in enumerate(moments):
+        for k, (pattern, nth) in enumerate(moments):
             args = run_args if k == 0 else resume_args
-            external = callable(moment[0])
-            command = [NIPFLOW, *args] if external else \
-                [sys.executable, "-m", "tests.pause_on_write", moment[0], str(moment[1]), "--", *args]
+            command = [sys.executable, "-m", "tests.pause_on_write", pattern, str(nth), "--", *args]
             log = tmp_path / f"driver{k}.log"
-            start = progress()
             with open(log, "wb") as out:
                 proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
             paused.append((proc, log))
             deadline = time.monotonic() + 240
-            while not (is_stopped(proc.pid) if not external else moment[0](start)):
-                assert proc.poll() is None, f"driver {k} ended ({proc.returncode}) before its pause {moment}:\n" + \
+            while not is_stopped(proc.pid):
+                assert proc.poll() is None, f"driver {k} ended ({proc.returncode}) before its pause {pattern}:\n" + \
                     log.read_text(errors="replace")[-3000:]
-                assert time.monotonic() < deadline, f"driver {k} never reached its pause {moment}"
+                assert time.monotonic() < deadline, f"driver {k} never reached its pause {pattern}"
                 time.sleep(0.01)
-            if external:
-                time.sleep(moment[1])
-                proc.send_signal(signal.SIGSTOP)
         last = subprocess.run([NIPFLOW, *resume_args], env=env, cwd=REPO, capture_output=True, text=True,
                               timeout=300)
         assert last.returncode == 0, last.stdout[-2000:] + last.stderr[-3000:]
@@ -141,18 +133,15 @@ def test_gi_ppo_drivers_paused_at_each_write_kind_change_nothing_when_they_wake(
     run_dir = runs / "gi"
     run_args, resume_args = gi_args(tmp_path, str(runs), "gi")
 
-    def metrics_lines() -> int:
-        metrics = run_file(run_dir, "metrics.jsonl")
-        return metrics.read_text().count("\n") if metrics.exists() else 0
-
     moments = [
         ("checkpoints/iter_000001.pt", 1),  # the tensors, before their manifest
         ("checkpoints/iter_000002.json", 1),  # the manifest, before the state
         ("append_line:metrics*.jsonl", 1),  # a metrics line
         ("write_bytes:state*.json", 1),  # the state
-        (lambda start: metrics_lines() > start, 0.3),  # in the middle of the next iteration
+        # in the middle of the next iteration: its second minibatch's loss
+        ("call:nip_core.trainers.tensordict_rl:TensorDictRlTrainer._loss_forward", 2),
     ]
-    run_chain(tmp_path, run_args, resume_args, base_env(tmp_path), str(run_dir), moments, metrics_lines)
+    run_chain(tmp_path, run_args, resume_args, base_env(tmp_path), str(run_dir), moments)
     assert run_json(run_dir, "state.json")["iteration"] == GI_CHAIN_ITERATIONS
     rows = metrics_rows(run_dir)
     assert sorted(r["iteration"] for r in rows if r["kind"] == "train") == list(range(GI_CHAIN_ITERATIONS))
@@ -163,7 +152,7 @@ def test_gi_ppo_drivers_paused_on_an_s3_run_store_change_nothing_when_they_wake(
     run_args, resume_args = gi_args(tmp_path, location, "gi")
     env = {**base_env(tmp_path), **s3_endpoint.env}
     moments = [("checkpoints/iter_000001.pt", 1), ("write_bytes:state*.json", 1)]
-    run_chain(tmp_path, run_args, resume_args, env, f"{location}/gi", moments, lambda: 0)
+    run_chain(tmp_path, run_args, resume_args, env, f"{location}/gi", moments)
     from nip_core.runs import RunStore
 
     run = RunStore(location).open_run("gi")
@@ -180,20 +169,14 @@ def test_pure_text_ei_drivers_paused_at_each_write_kind_change_nothing_when_they
     run_args = ["run", "code_validation", "pure_text_ei", "--dataset", "nipflow-cv", "--run-id", "ei",
                 "--params", str(params_file), *common]
 
-    def stage() -> str:
-        try:
-            return run_json(run_dir, "state.json")["train_loop_stage"]
-        except (OSError, ValueError):
-            return ""
-
     moments = [
         ("write_bytes:fine_tune/iter_0_verifier*.json", 1),  # a fine-tune record
-        (lambda start: stage() == "await_fine_tune_jobs", 0.5),  # waiting for the jobs
+        ("call:nip_core.trainers.fine_tune_waiter:FineTuneWaiter.poll", 1),  # waiting for the jobs
         ("rollouts/1.json", 1),  # an iteration's rollouts, before their transcripts
         ("transcripts/raw_1.*", 1),  # the transcripts, before the stage's summary
         ("stages/it1_sample_rollouts.json", 1),  # a stage summary, before the state
     ]
     with local_api_server(tmp_path / "api", job_time_scale=0.2) as server:
         env = {**base_env(tmp_path), "OPENAI_BASE_URL": server.base_url}
-        run_chain(tmp_path, run_args, ["resume", "ei", *common], env, str(run_dir), moments, stage)
+        run_chain(tmp_path, run_args, ["resume", "ei", *common], env, str(run_dir), moments)
         check_text_run(server, run_dir)

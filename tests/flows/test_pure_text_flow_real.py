@@ -212,7 +212,7 @@ def test_real_pure_text_flow_sigkilled_in_every_stage_resumes_to_the_clean_resul
         assert {g: s["fine_tuned_model_name"] for g, s in state["shared_model_groups"].items()} == \
             {j.metadata["nipflow_group"]: client.fine_tuning.jobs.retrieve(j.id).fine_tuned_model for j in jobs}
         for group in ("prover", "verifier"):  # the same fine-tune data as the clean run
-            file_ids = [json.loads((runs / r / "fine_tune" / f"iter_0_{group}.json").read_text())["file_id"]
+            file_ids = [run_json(runs / r, f"fine_tune/iter_0_{group}.json")["file_id"]
                         for r in ("clean", "killed")]
             assert client.files.content(file_ids[0]).read() == client.files.content(file_ids[1]).read()
 

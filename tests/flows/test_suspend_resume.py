@@ -67,3 +67,13 @@ def test_suspended_run_is_resumed_by_the_watcher(fakes, tmp_path, subprocess_env
     assert set(starts.values()) == {1} and len(starts) == 6
     assert sorted(os.listdir(run_dir / "fine_tune")) == ["job-0.json", "release-0"]
     assert (run_dir / "orchestration" / "suspensions.json").read_text().count('"0": 1') == 1
+
+
+def test_a_watcher_tick_loads_prefect_without_the_torch_stack():
+    # The watcher runs on an interval schedule, a new flow-run process per tick: a tick with
+    # no suspended run must not pay for importing torch and the trainers.
+    code = "import sys, flows.watcher; print(sorted(m for m in ('torch', 'torchrl', 'transformers', 'openai') " \
+           "if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"

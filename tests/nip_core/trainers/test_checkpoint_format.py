@@ -159,10 +159,25 @@ def test_old_pickled_checkpoint_resumes_bit_identically_with_a_warning_naming_it
                for w in warnings), warnings
     a, b = params_of(straight), params_of(resumed)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    # The run goes on in the new format, and its final checkpoint is the straight run's, byte for byte.
+    # The run goes on in the new format, and its final checkpoint holds the straight run's state.
     final = (tmp_path / "b" / "r" / "checkpoints" / "iter_000004.pt").read_bytes()
     assert is_checkpoint_format(final)
-    assert final == (tmp_path / "a" / "r" / "checkpoints" / "iter_000004.pt").read_bytes()
+    straight_final = (tmp_path / "a" / "r" / "checkpoints" / "iter_000004.pt").read_bytes()
+    assert_same(*(trainer_owned(read_checkpoint(data, source="test")) for data in (final, straight_final)))
+
+
+def trainer_owned(state: dict) -> dict:
+    """A trainer checkpoint's state less Python's and numpy's global RNG states.
+
+    Those two are saved (and restored) for code that draws from them, but no trainer does:
+    other threads of the process do — Prefect's service loops and botocore's retries draw
+    jitter from ``random`` — so in a test process that earlier tests left such threads in,
+    they move between two runs, and the two checkpoints' bytes with them.
+    """
+    rng = dict(state["rng"])
+    assert {"python", "numpy"} <= set(rng)
+    del rng["python"], rng["numpy"]
+    return {**state, "rng": rng}
 
 
 def test_old_pickled_solo_checkpoint_resumes_bit_identically(tmp_path):
