@@ -43,10 +43,19 @@ def _api_url_configured() -> bool:
     return False
 
 
+STARTUP_TIMEOUT_VAR = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+#: how long ``nipflow run`` waits for Prefect's temporary server (unless the variable is set)
+LOCAL_SERVER_STARTUP_TIMEOUT_S = 120
+
+
 def _local_server_env(settings: ExperimentSettings) -> dict[str, str]:
     if _api_url_configured():
         return {}
     env = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if not os.environ.get(STARTUP_TIMEOUT_VAR):
+        # Prefect waits 20 s for its temporary server: on a busy machine (a 2-core laptop
+        # training, a CI runner) its start (database migrations, app import) takes longer.
+        env[STARTUP_TIMEOUT_VAR] = str(LOCAL_SERVER_STARTUP_TIMEOUT_S)
     if not os.environ.get("PREFECT_HOME"):
         home = local_prefect_home(settings)
         home.mkdir(parents=True, exist_ok=True)
@@ -99,9 +108,13 @@ def in_local_prefect(settings: ExperimentSettings, fn: Callable[[], T]) -> T:
     # Prefect read its settings at import: override them for this call only.
     from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
 
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as STARTUP_TIMEOUT
+
     updates = {PREFECT_SERVER_ANALYTICS_ENABLED: False}
     if "PREFECT_HOME" in env:
         updates[PREFECT_HOME] = env["PREFECT_HOME"]
+    if STARTUP_TIMEOUT_VAR in env:
+        updates[STARTUP_TIMEOUT] = int(env[STARTUP_TIMEOUT_VAR])
     with temporary_settings(updates=updates):
         return _without_local_heartbeats(fn)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import random
 import signal
 import subprocess
@@ -27,13 +28,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fsspec
 import pytest
 import torch
 
 from nip_core.llm.testing import local_api_server
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
+from nip_core.runs.fencing import current_file
 from nip_core.trainers.checkpoint_files import read_checkpoint
-from tests.run_files import run_file, run_json
+from tests.run_files import run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -148,8 +151,10 @@ class Sweep:
             killed += 1
 
 
-def metrics_rows(run_dir: Path) -> list[dict]:
-    lines = run_file(run_dir, "metrics.jsonl").read_text().splitlines()
+def metrics_rows(run_dir: Path | str) -> list[dict]:
+    """Every metrics line of the run at ``run_dir`` (a local path or an ``s3://`` URL), newest version."""
+    with fsspec.open(current_file(str(run_dir), "metrics.jsonl"), "rt") as f:
+        lines = f.read().splitlines()
     rows = [json.loads(line) for line in lines]  # every line parses: no torn or glued line
     keys = [(r.get("kind", "train"), r["iteration"]) for r in rows]
     assert len(keys) == len(set(keys)), f"duplicate metrics lines: {keys}"
@@ -163,14 +168,16 @@ def base_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def check_text_run(server, run_dir: Path, iterations: int = EI_PARAMS["rl"]["num_iterations"]) -> None:
+def check_text_run(server, run_dir: Path | str, iterations: int = EI_PARAMS["rl"]["num_iterations"]) -> None:
+    """The EI run at ``run_dir`` (a local path or an ``s3://`` URL) is done, each job made once."""
     from nip_core.runs import RunStore
 
-    state = run_json(run_dir, "state.json")
+    parent, run_id = posixpath.split(str(run_dir).rstrip("/"))
+    run = RunStore(parent).open_run(run_id)
+    state = run.read_json("state.json")
     assert state["train_loop_stage"] == "done" and state["iteration"] == iterations
-    run = RunStore(str(run_dir.parent)).open_run(run_dir.name)
     client = server.client()
-    jobs = [j for j in client.fine_tuning.jobs.list(limit=100, metadata={"nipflow_run_id": run_dir.name})
+    jobs = [j for j in client.fine_tuning.jobs.list(limit=100, metadata={"nipflow_run_id": run_id})
             if j.metadata.get("nipflow_incarnation") == run.incarnation]
     intents = [(j.metadata["nipflow_iteration"], j.metadata["nipflow_group"], j.metadata["nipflow_attempt"])
                for j in jobs]
@@ -181,7 +188,7 @@ def check_text_run(server, run_dir: Path, iterations: int = EI_PARAMS["rl"]["num
     assert sorted(f.id for f in files) == sorted(j.training_file for j in jobs), "an upload no job uses"
     rows = metrics_rows(run_dir)
     assert sorted(r["iteration"] for r in rows if r["kind"] == "train") == list(range(iterations))
-    assert sorted(p.name for p in (run_dir / "rollouts").glob("*.json")) == sorted(
+    assert sorted(n for n in run.list_files("rollouts") if n.endswith(".json")) == sorted(
         [f"{i}.json" for i in range(iterations)] + [f"test_{iterations - 1}.json"])
 
 

@@ -17,7 +17,8 @@ expired (``NIPFLOW_LEASE_TTL_S=2``); the last one is not paused and finishes the
 The moments, in run order: GI PPO — a checkpoint's tensors (before its manifest: the issue's
 case), a manifest (before the state), a metrics line, the state, mid-iteration; pure-text EI —
 a fine-tune record, the wait for the jobs, an iteration's rollouts (before their transcripts),
-transcripts, a stage summary (before the state). Once on S3 (moto) as well.
+transcripts, a stage summary (before the state). Each chain runs with the run store on local disk
+and on S3 (moto).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from nip_core.runs.fencing import is_mutable, untagged
 from tests.e2e.test_kill_sweep import (
     EI_PARAMS, GI_PARAMS, NIPFLOW, base_env, check_text_run, metrics_rows,
 )
-from tests.run_files import run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -128,55 +128,56 @@ def gi_args(tmp_path: Path, runs: str, run_id: str) -> tuple[list[str], list[str
              "--params", str(params_file), *common], ["resume", run_id, *common])
 
 
-def test_gi_ppo_drivers_paused_at_each_write_kind_change_nothing_when_they_wake(tmp_path):
-    runs = tmp_path / "runs"
-    run_dir = runs / "gi"
-    run_args, resume_args = gi_args(tmp_path, str(runs), "gi")
+#: GI PPO: a moment after each kind of write of an RL run, and one between writes
+GI_MOMENTS = [
+    ("checkpoints/iter_000001.pt", 1),  # the tensors, before their manifest
+    ("checkpoints/iter_000002.json", 1),  # the manifest, before the state
+    ("append_line:metrics*.jsonl", 1),  # a metrics line
+    ("write_bytes:state*.json", 1),  # the state
+    # in the middle of the next iteration: its second minibatch's loss
+    ("call:nip_core.trainers.tensordict_rl:TensorDictRlTrainer._loss_forward", 2),
+]
+#: pure-text EI: a moment after each kind of write of a text run, and one in the await stage
+EI_MOMENTS = [
+    ("write_bytes:fine_tune/iter_0_verifier*.json", 1),  # a fine-tune record
+    ("call:nip_core.trainers.fine_tune_waiter:FineTuneWaiter.poll", 1),  # waiting for the jobs
+    ("rollouts/1.json", 1),  # an iteration's rollouts, before their transcripts
+    ("transcripts/raw_1.*", 1),  # the transcripts, before the stage's summary
+    ("stages/it1_sample_rollouts.json", 1),  # a stage summary, before the state
+]
 
-    moments = [
-        ("checkpoints/iter_000001.pt", 1),  # the tensors, before their manifest
-        ("checkpoints/iter_000002.json", 1),  # the manifest, before the state
-        ("append_line:metrics*.jsonl", 1),  # a metrics line
-        ("write_bytes:state*.json", 1),  # the state
-        # in the middle of the next iteration: its second minibatch's loss
-        ("call:nip_core.trainers.tensordict_rl:TensorDictRlTrainer._loss_forward", 2),
-    ]
-    run_chain(tmp_path, run_args, resume_args, base_env(tmp_path), str(run_dir), moments)
-    assert run_json(run_dir, "state.json")["iteration"] == GI_CHAIN_ITERATIONS
-    rows = metrics_rows(run_dir)
+
+def store_of(kind: str, tmp_path: Path, request) -> tuple[str, dict[str, str]]:
+    """The runs location (local folder or a fresh prefix of the moto bucket) and its environment."""
+    if kind == "local":
+        return str(tmp_path / "runs"), base_env(tmp_path)
+    s3 = request.getfixturevalue("s3_endpoint")
+    return f"s3://{s3.bucket}/paused-{uuid.uuid4().hex[:8]}", {**base_env(tmp_path), **s3.env}
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_gi_ppo_drivers_paused_at_each_write_kind_change_nothing_when_they_wake(store, tmp_path, request):
+    runs, env = store_of(store, tmp_path, request)
+    run_args, resume_args = gi_args(tmp_path, runs, "gi")
+    run_chain(tmp_path, run_args, resume_args, env, f"{runs}/gi", GI_MOMENTS)
+    from nip_core.runs import RunStore
+
+    run = RunStore(runs).open_run("gi")
+    assert run.read_json("state.json")["iteration"] == GI_CHAIN_ITERATIONS
+    assert max(run.list_checkpoints()) == f"iter_{GI_CHAIN_ITERATIONS:06d}"
+    rows = metrics_rows(f"{runs}/gi")
     assert sorted(r["iteration"] for r in rows if r["kind"] == "train") == list(range(GI_CHAIN_ITERATIONS))
 
 
-def test_gi_ppo_drivers_paused_on_an_s3_run_store_change_nothing_when_they_wake(tmp_path, s3_endpoint):
-    location = f"s3://{s3_endpoint.bucket}/paused-{uuid.uuid4().hex[:8]}"
-    run_args, resume_args = gi_args(tmp_path, location, "gi")
-    env = {**base_env(tmp_path), **s3_endpoint.env}
-    moments = [("checkpoints/iter_000001.pt", 1), ("write_bytes:state*.json", 1)]
-    run_chain(tmp_path, run_args, resume_args, env, f"{location}/gi", moments)
-    from nip_core.runs import RunStore
-
-    run = RunStore(location).open_run("gi")
-    assert run.read_json("state.json")["iteration"] == GI_CHAIN_ITERATIONS
-    assert max(run.list_checkpoints()) == f"iter_{GI_CHAIN_ITERATIONS:06d}"
-
-
-def test_pure_text_ei_drivers_paused_at_each_write_kind_change_nothing_when_they_wake(tmp_path):
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_pure_text_ei_drivers_paused_at_each_write_kind_change_nothing_when_they_wake(store, tmp_path, request):
+    runs, env = store_of(store, tmp_path, request)
     params_file = tmp_path / "ei.json"
     params_file.write_text(json.dumps(EI_PARAMS))
-    runs = tmp_path / "runs"
-    run_dir = runs / "ei"
-    common = ["--runs-dir", str(runs), "--no-wandb", "--progress", "off", "--direct"]
+    common = ["--runs-dir", runs, "--no-wandb", "--progress", "off", "--direct"]
     run_args = ["run", "code_validation", "pure_text_ei", "--dataset", "nipflow-cv", "--run-id", "ei",
                 "--params", str(params_file), *common]
-
-    moments = [
-        ("write_bytes:fine_tune/iter_0_verifier*.json", 1),  # a fine-tune record
-        ("call:nip_core.trainers.fine_tune_waiter:FineTuneWaiter.poll", 1),  # waiting for the jobs
-        ("rollouts/1.json", 1),  # an iteration's rollouts, before their transcripts
-        ("transcripts/raw_1.*", 1),  # the transcripts, before the stage's summary
-        ("stages/it1_sample_rollouts.json", 1),  # a stage summary, before the state
-    ]
     with local_api_server(tmp_path / "api", job_time_scale=0.2) as server:
-        env = {**base_env(tmp_path), "OPENAI_BASE_URL": server.base_url}
-        run_chain(tmp_path, run_args, ["resume", "ei", *common], env, str(run_dir), moments)
-        check_text_run(server, run_dir)
+        env = {**env, "OPENAI_BASE_URL": server.base_url}
+        run_chain(tmp_path, run_args, ["resume", "ei", *common], env, f"{runs}/ei", EI_MOMENTS)
+        check_text_run(server, f"{runs}/ei")

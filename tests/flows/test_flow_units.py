@@ -148,11 +148,17 @@ def test_local_server_environment_without_api_url(tmp_path, monkeypatch):
 
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.delenv("PREFECT_HOME", raising=False)
+    monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", raising=False)
     settings = ExperimentSettings(run_id="x", runs_dir=str(tmp_path / "runs"))
     with temporary_settings(updates={PREFECT_API_URL: None}):
         env = _local_server_env(settings)
+    # Prefect's 20 s wait for its temporary server is too short on a busy machine
     assert env == {"PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
                    "PREFECT_HOME": str((tmp_path / "runs").absolute() / ".prefect")}
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "45")  # the user's own value stands
+    with temporary_settings(updates={PREFECT_API_URL: None}):
+        assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in _local_server_env(settings)
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
         assert _local_server_env(settings) == {}
 
