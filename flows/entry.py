@@ -107,7 +107,6 @@ def in_local_prefect(settings: ExperimentSettings, fn: Callable[[], T]) -> T:
         return _without_local_heartbeats(fn)
     # Prefect read its settings at import: override them for this call only.
     from prefect.settings import PREFECT_HOME, PREFECT_SERVER_ANALYTICS_ENABLED, temporary_settings
-
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as STARTUP_TIMEOUT
 
     updates = {PREFECT_SERVER_ANALYTICS_ENABLED: False}
