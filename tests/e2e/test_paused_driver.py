@@ -4,8 +4,9 @@ A chain of drivers works on one run. Each is the real command line (``nipflow ru
 first, ``nipflow resume`` after it, ``--direct``) and is stopped with ``SIGSTOP`` at its own
 moment (``tests/pause_on_write.py``: every thread stops, the lease's renewal thread included):
 right after a chosen write, or as a chosen call begins — in the middle of an iteration's
-training, or of the wait for fine-tune jobs. The next driver takes the run over once the paused one's claim has
-expired (``NIPFLOW_LEASE_TTL_S=2``); the last one is not paused and finishes the run. Then:
+training, or of the wait for fine-tune jobs. The next driver takes the run over once the
+paused one's claim has expired (``NIPFLOW_LEASE_TTL_S=2``); the last one is not paused and
+finishes the run. Then:
 
 * what every reader sees — each file of the run, a mutable file by its newest version — is
   hashed; every paused driver gets ``SIGCONT`` at once; each must exit on its own,
