@@ -19,6 +19,14 @@ def run_file(run_dir: Path | str, rel: str) -> Path:
     return Path(current_file(str(run_dir), rel))
 
 
+def run_text(location: Path | str, rel: str) -> str:
+    """The text of ``rel`` of the run at ``location`` (a local path or an ``s3://`` URL), newest version."""
+    import fsspec
+
+    with fsspec.open(current_file(str(location), rel), "rt") as f:
+        return f.read()
+
+
 def run_json(run_dir: Path | str, rel: str) -> Any:
     """The JSON content of ``rel`` of the local run at ``run_dir`` (its newest version)."""
     return json.loads(run_file(run_dir, rel).read_text())

@@ -28,15 +28,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import fsspec
 import pytest
 import torch
 
 from nip_core.llm.testing import local_api_server
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
-from nip_core.runs.fencing import current_file
 from nip_core.trainers.checkpoint_files import read_checkpoint
-from tests.run_files import run_json
+from tests.run_files import run_json, run_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -153,8 +151,7 @@ class Sweep:
 
 def metrics_rows(run_dir: Path | str) -> list[dict]:
     """Every metrics line of the run at ``run_dir`` (a local path or an ``s3://`` URL), newest version."""
-    with fsspec.open(current_file(str(run_dir), "metrics.jsonl"), "rt") as f:
-        lines = f.read().splitlines()
+    lines = run_text(run_dir, "metrics.jsonl").splitlines()
     rows = [json.loads(line) for line in lines]  # every line parses: no torn or glued line
     keys = [(r.get("kind", "train"), r["iteration"]) for r in rows]
     assert len(keys) == len(set(keys)), f"duplicate metrics lines: {keys}"

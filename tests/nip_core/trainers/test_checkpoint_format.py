@@ -180,6 +180,20 @@ def trainer_owned(state: dict) -> dict:
     return {**state, "rng": rng}
 
 
+def test_a_checkpoint_restores_the_global_python_and_numpy_rng_states_it_holds(tmp_path, monkeypatch):
+    # what trainer_owned leaves out of the comparison above is still restored on resume
+    import random
+
+    trainer = make_trainer(tiny_params(), tmp_path)
+    states = trainer.get_rng_states()
+    restored = {}
+    monkeypatch.setattr(random, "setstate", lambda s: restored.setdefault("python", s))
+    monkeypatch.setattr(np.random, "set_state", lambda s: restored.setdefault("numpy", s))
+    trainer.set_rng_states(states)
+    assert restored["python"] is states["python"] and restored["numpy"] is states["numpy"]
+    trainer.close()
+
+
 def test_old_pickled_solo_checkpoint_resumes_bit_identically(tmp_path):
     def solo(root):
         hp = tiny_params("solo_agent", solo_agent=dict(num_epochs=3, batch_size=8))
