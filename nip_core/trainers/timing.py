@@ -78,4 +78,7 @@ class IterationProfiler:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "trace.json"
             profiler.export_chrome_trace(str(path))
-            self.run.storage.write_bytes(f"profiles/iter_{self.window[0]}-{self.window[1]}.json", path.read_bytes())
+            # created once: the first trace of a window stands (a driver that lost the lease,
+            # or a resumed run profiling the window again, never replaces it)
+            self.run.storage.create_exclusive(f"profiles/iter_{self.window[0]}-{self.window[1]}.json",
+                                              path.read_bytes())

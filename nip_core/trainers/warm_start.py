@@ -14,7 +14,9 @@ Two halves, both free of any orchestration:
   - ``warm_start/source.json``: which run, checkpoint and models were copied.
 
   It also records ``metadata.warm_start_from``. A run that already has a state is left
-  alone: a resumed run keeps its own models.
+  alone: a resumed run keeps its own models. Every file there is written once and never
+  replaced; ``source.json`` is written first and the first one stands, so a retry (even one
+  asked for another source) or a driver that lost its lease copies only what it names.
 
 * The trainers read ``warm_start/`` when their run has no state yet:
   :meth:`nip_core.trainers.tensordict_rl.TensorDictRlTrainer.maybe_warm_start` (through
@@ -121,10 +123,38 @@ def prepare_warm_start(run: "Run", source: "Run") -> dict[str, Any]:
         log.info("run %s already has a state: warm start from %s not applied (a resumed run keeps its own)",
                  run.run_id, source.run_id)
         return {}
-    # A previous attempt may have copied another source's files: start from a clean folder.
-    for name in run.storage.listdir(WARM_START_DIR):
-        run.storage.remove(f"{WARM_START_DIR}/{name}")
     checkpoint = final_checkpoint(source)
+    intent = {"run_id": source.run_id, "location": source.location, "checkpoint": checkpoint,
+              "checkpoints": [checkpoint] if checkpoint else [], "models": _final_models(source),
+              "prepared_at": _now()}
+    # The record is written first and kept first: a retry, or a driver that was paused and
+    # woke after another took the run over, copies what the first record names.
+    record = run.write_json_keep_first(SOURCE_FILE, intent, "warm-start record")
+    if record["run_id"] != source.run_id or record["location"] != source.location:
+        log.warning("run %s was prepared to warm start from run %s (%s): kept, %s not applied",
+                    run.run_id, record["run_id"], run.storage.full(SOURCE_FILE), source.run_id)
+        source = _recorded_source(record, source)
+    _copy_files(run, source, record)
+    run.update_metadata(warm_start_from=record)
+    log.info("run %s: warm start prepared from run %s (checkpoint %s, models %s)", run.run_id,
+             record["run_id"], record["checkpoint"], record["models"])
+    return record
+
+
+def _recorded_source(record: dict[str, Any], requested: "Run") -> "Run":
+    """The source run that ``record`` names, opened like ``requested``."""
+    from nip_core.runs.storage import Storage
+
+    return type(requested)(Storage(record["location"]), record["run_id"], requested.params)
+
+
+def _copy_files(run: "Run", source: "Run", record: dict[str, Any]) -> None:
+    """Create (write-once) the files ``record`` names in ``run``'s ``warm_start/`` folder.
+
+    Every file is created exclusively and never replaced (:meth:`Run.write_once`): copying
+    again writes nothing, and a stale driver cannot change what the trainers read.
+    """
+    checkpoint = record["checkpoint"]
     if checkpoint is not None:
         # the manifest names its data file (``<name>.pt`` or a content-addressed one); the
         # copy here is always ``<name>.pt`` beside the manifest
@@ -134,18 +164,10 @@ def prepare_warm_start(run: "Run", source: "Run") -> dict[str, Any]:
                 data = source.storage.read_bytes(rel)
             except FileNotFoundError:
                 raise CheckpointNotFoundError(source.storage.full(rel), "warm-start checkpoint") from None
-            run.storage.write_bytes(f"{WARM_START_DIR}/{checkpoint}{suffix}", data)
-    models = _final_models(source)
-    record = {"run_id": source.run_id, "location": source.location, "checkpoint": checkpoint,
-              "checkpoints": [checkpoint] if checkpoint else [], "models": models, "prepared_at": _now()}
-    if models is not None:
-        run.write_json(MODELS_FILE, {"run_id": source.run_id, "location": source.location,
-                                     "groups": models})
-    run.write_json(SOURCE_FILE, record)
-    run.update_metadata(warm_start_from=record)
-    log.info("run %s: warm start prepared from run %s (checkpoint %s, models %s)", run.run_id, source.run_id,
-             checkpoint, models)
-    return record
+            run.write_once(f"{WARM_START_DIR}/{checkpoint}{suffix}", data, "warm-start checkpoint")
+    if record["models"] is not None:
+        run.write_json_once(MODELS_FILE, {"run_id": record["run_id"], "location": record["location"],
+                                          "groups": record["models"]}, "warm-start models")
 
 
 # -- reading (the trainers) -----------------------------------------------------------------

@@ -24,6 +24,7 @@ from nip_core.runs import fencing
 from nip_core.runs.lease import LeaseLostError
 from nip_core.runs.store import RunStore
 from nip_core.trainers.base import TrainerState
+from nip_core.trainers.warm_start import prepare_warm_start
 
 TTL_S = 2.0  # long enough for renewals on a busy 2-core machine
 
@@ -97,7 +98,7 @@ def _snapshot(store: RunStore, run_id: str) -> dict[str, str]:
     seen = {}
     for rel in fencing.present(reader.storage):
         seen[rel] = hashlib.sha256(reader.storage.read_bytes(reader.stored_name(rel))).hexdigest()
-    for directory in ("checkpoints", "stages", "rollouts"):
+    for directory in ("checkpoints", "stages", "rollouts", "warm_start"):
         for name in reader.storage.listdir(directory):
             seen[f"{directory}/{name}"] = hashlib.sha256(reader.storage.read_bytes(f"{directory}/{name}")).hexdigest()
     return seen
@@ -233,3 +234,36 @@ def test_a_run_never_taken_over_keeps_plain_names_and_a_release_keeps_the_epoch(
     _checked_before_the_pause(second)
     second.save_state(TrainerState(iteration=99))  # two generations late: still invisible
     assert local_store.open_run(run_id).load_state(TrainerState).iteration == 4
+
+
+def _finished_source(store: RunStore, tensors: bytes, model: str) -> object:
+    """A finished run to warm start from: a final checkpoint and a fine-tuned model."""
+    source = store.open_run(f"src{uuid.uuid4().hex[:6]}", _params())
+    source.save_checkpoint_bytes("iter_000003", tensors, iteration=3)
+    source.write_json("state.json", {"iteration": 3, "shared_model_groups": {"prover": {"fine_tuned_model_name": model}}})
+    return source
+
+
+def test_a_woken_driver_preparing_a_warm_start_changes_nothing(store):
+    """Paused inside ``prepare_warm_start`` (its state check behind it) and woken after a takeover."""
+    first, other = _finished_source(store, b"first", "ft:first"), _finished_source(store, b"other", "ft:other")
+    run_id = _new_run(store)
+    old = _driver(store, run_id)
+    new = _take_over(store, old)
+    record = prepare_warm_start(new, first)
+    new.save_state(TrainerState(iteration=1))
+    before = _snapshot(store, run_id)
+    assert before.keys() >= {"warm_start/source.json", "warm_start/iter_000003.pt", "warm_start/models.json"}
+
+    for source in (first, other):  # the same source, or another one (a retraining that found a newer run)
+        _checked_before_the_pause(old)
+        assert not old.has_state()  # the new driver's state is of a later epoch than the old driver's
+        assert prepare_warm_start(old, source) == record  # the record that stands, copied again: no-ops
+        assert _snapshot(store, run_id) == before
+    reader = store.open_run(run_id)
+    assert reader.read_json("warm_start/source.json") == record
+    assert reader.storage.read_bytes("warm_start/iter_000003.pt") == b"first"
+    assert reader.read_json("warm_start/models.json")["groups"] == {"prover": "ft:first"}
+    assert reader.metadata()["warm_start_from"] == record
+    with pytest.raises(LeaseLostError):  # and the woken driver stops at its next check
+        old.check_lease()
