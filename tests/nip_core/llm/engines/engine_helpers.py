@@ -22,9 +22,9 @@ CLUES = {
 def wait_for_job(client, job_id: str, timeout: float = 900.0):
     """Poll a job until it ends (TRL jobs on CPU get a longer default than the selection engine's).
 
-    A job of about 100 optimizer steps takes one to two minutes on a quiet 2-core machine and
-    over five on a slow one whose other core runs an end-to-end suite: the wait is about the
-    job ending, not its speed (the suite's own per-test timeout still bounds it).
+    A job of about 100 optimizer steps takes under a minute on a 2-core machine in float32
+    (emulated bf16 took over five): the wait is about the job ending, not its speed (the
+    suite's own per-test timeout still bounds it).
     """
     return _wait_for_job(client, job_id, timeout)
 
