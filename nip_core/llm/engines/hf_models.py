@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ from nip_core.llm.engines.tiny import TINY_MODEL_NAME, build_tiny_model, build_t
 from nip_core.settings import default_data_dir
 
 META_FILE = "nipflow_model.json"
+
+#: ``from_pretrained`` builds a model on the meta device inside a context that patches torch
+#: for the whole process, not the thread: two loads at once (two requests, or a request and a
+#: fine-tuning job) can leave one of them with meta tensors ("Cannot copy out of meta
+#: tensor"). Every model built here holds this lock.
+_FROM_DISK = threading.RLock()
 
 #: Training defaults of a base model given by path or id (the tiny model's are in its JSON).
 HF_TRAINING_DEFAULTS: dict[str, Any] = {
@@ -162,11 +169,13 @@ class ModelStore:
     def fresh_base(self, base: str) -> torch.nn.Module:
         """A new copy of a base model's weights (float32 on CPU for the tiny model)."""
         spec = self.specs[base]
-        if spec.source == "builtin":
-            return build_tiny_model()
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(spec.source, local_files_only=not self.allow_download, dtype="auto")
+        with _FROM_DISK:  # the tiny model is built here too: not while another load patches torch
+            if spec.source == "builtin":
+                return build_tiny_model()
+            return AutoModelForCausalLM.from_pretrained(spec.source, local_files_only=not self.allow_download,
+                                                        dtype="auto")
 
     def load_base(self, base: str) -> LoadedLM:
         model = self.fresh_base(base).to(self.device).eval()
@@ -177,7 +186,8 @@ class ModelStore:
     def _full_model(self, path: Path) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype="auto")
+        with _FROM_DISK:
+            return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype="auto")
 
     def underlying(self, base: str, on: Path | None) -> torch.nn.Module:
         """A fresh copy of what an adapter applies to: the base, or a full fine-tune."""
@@ -192,7 +202,8 @@ class ModelStore:
         else:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(self.underlying(base, on), path).merge_and_unload()
+            with _FROM_DISK:
+                model = PeftModel.from_pretrained(self.underlying(base, on), path).merge_and_unload()
         model = model.to(self.device).eval()
         return LoadedLM(name=name, base=base, kind=meta["kind"], model=model, tokenizer=self.tokenizer(base),
                         path=path, on=on)
@@ -210,7 +221,9 @@ class ModelStore:
         if parent.kind == "lora":
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(self.underlying(parent.base, parent.on), parent.path, is_trainable=True)
+            with _FROM_DISK:
+                model = PeftModel.from_pretrained(self.underlying(parent.base, parent.on), parent.path,
+                                                  is_trainable=True)
             return model, parent.on, True
         if parent.kind == "full":
             return self._full_model(parent.path), parent.path, False

@@ -40,6 +40,7 @@ class ModelRegistry:
         self.engine = engine
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}  # one per model name: a model loads once at a time
 
     def _record(self, name: str) -> ModelRecord | None:
         record = self.store.get_model(name)
@@ -59,24 +60,40 @@ class ModelRegistry:
         return record.base
 
     def get(self, name: str) -> Any:
-        """The loaded model called ``name`` (raises :class:`UnknownModelError`)."""
+        """The loaded model called ``name`` (raises :class:`UnknownModelError`).
+
+        Concurrent first requests for one model (a run's rollouts arrive together) load it
+        once: the others wait for that load and get its model.
+        """
         with self._lock:
-            cached = self._cache.get(name)
+            cached = self._cached(name)
             if cached is not None:
-                self._cache.move_to_end(name)
                 return cached
-        if self.engine.canonical_base(name) is not None:
-            model = self.engine.load_base(name)
-        else:
-            record = self._record(name)
-            if record is None:
-                raise UnknownModelError(name)
-            model = self.engine.load(record.id, record.base, self.data_dir, record.weights, record.memory)
-        with self._lock:
-            self._cache[name] = model
-            while len(self._cache) > self.engine.cache_size:
-                self._cache.popitem(last=False)
+            loading = self._loading.setdefault(name, threading.Lock())
+        with loading:
+            with self._lock:
+                cached = self._cached(name)  # loaded by the thread this one waited for
+            if cached is not None:
+                return cached
+            if self.engine.canonical_base(name) is not None:
+                model = self.engine.load_base(name)
+            else:
+                record = self._record(name)
+                if record is None:
+                    raise UnknownModelError(name)
+                model = self.engine.load(record.id, record.base, self.data_dir, record.weights, record.memory)
+            with self._lock:
+                self._cache[name] = model
+                while len(self._cache) > self.engine.cache_size:
+                    self._cache.popitem(last=False)
         return model
+
+    def _cached(self, name: str) -> Any:
+        """The cached model called ``name`` (made most recently used), or None; under ``_lock``."""
+        cached = self._cache.get(name)
+        if cached is not None:
+            self._cache.move_to_end(name)
+        return cached
 
     def save(
         self,

@@ -75,3 +75,34 @@ def test_recovery_resumes_or_fails_every_unfinished_job(tmp_path, store):
     assert event.level == "warn" and "attempt 2 of 2" in event.message
     queued = [manager._queue.get_nowait() for _ in range(manager._queue.qsize())]
     assert queued == [jobs["resume"].id, jobs["queued"].id]
+
+
+def test_concurrent_first_requests_load_a_model_once_and_share_it(tmp_path, store):
+    from concurrent.futures import ThreadPoolExecutor
+    import threading
+    import time
+
+    from nip_core.llm.engines.selection import SelectionEngine
+
+    loads, inside, most_inside = [], [0], [0]
+    guard = threading.Lock()
+
+    class SlowLoading(SelectionEngine):
+        def load_base(self, name):
+            with guard:
+                loads.append(name)
+                inside[0] += 1
+                most_inside[0] = max(most_inside[0], inside[0])
+            time.sleep(0.3)  # a real model takes seconds: the other requests arrive meanwhile
+            with guard:
+                inside[0] -= 1
+            return super().load_base(name)
+
+    registry = ModelRegistry(store, tmp_path, SlowLoading())
+    names = ["gpt-4o-mini"] * 4 + ["gpt-4.1-mini"] * 4
+    with ThreadPoolExecutor(8) as pool:
+        models = list(pool.map(registry.get, names))
+    assert sorted(loads) == ["gpt-4.1-mini", "gpt-4o-mini"]  # each loaded once
+    assert all(m is models[0] for m in models[:4]) and all(m is models[4] for m in models[4:])
+    assert most_inside[0] == 2  # two different models still load side by side
+    assert registry.get("gpt-4o-mini") is models[0] and len(loads) == 2  # then from the cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -59,9 +60,17 @@ def test_served_through_the_openai_client_it_answers_in_english_from_its_cache(t
                           engine_options={"device": "cpu", "base_models": [smollm2.NAME]}) as server:
         client = server.client(max_retries=0, timeout=120.0)
         assert smollm2.NAME in {m.id for m in client.models.list()}
-        reply = client.chat.completions.create(
-            model=smollm2.NAME, temperature=0, max_tokens=12,
-            messages=[{"role": "user", "content": "What is the capital of France?"}])
+
+        def ask(question: str):
+            return client.chat.completions.create(model=smollm2.NAME, temperature=0, max_tokens=12,
+                                                  messages=[{"role": "user", "content": question}])
+
+        # the first requests arrive together, as a run's rollouts do: the model is loaded
+        # once, and no load sees another's half-built model
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(ask, ["What is the capital of France?", "Name a colour.", "What is 2 + 2?",
+                                          "Say hello."]))
+    reply = replies[0]
     text = reply.choices[0].message.content
     assert "Paris" in text, text
     assert reply.usage.prompt_tokens > 20  # the chat template's system turn and the question
