@@ -1,9 +1,14 @@
-"""SQLite store pagination and the recovery of unfinished jobs after a restart."""
+"""SQLite store pagination, the recovery of unfinished jobs after a restart, and model loading."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
+from nip_core.llm.engines.selection import SelectionEngine
 from nip_core.llm.server.config import ServerConfig
 from nip_core.llm.server.files import FileService
 from nip_core.llm.server.jobs import JobManager
@@ -78,12 +83,6 @@ def test_recovery_resumes_or_fails_every_unfinished_job(tmp_path, store):
 
 
 def test_concurrent_first_requests_load_a_model_once_and_share_it(tmp_path, store):
-    from concurrent.futures import ThreadPoolExecutor
-    import threading
-    import time
-
-    from nip_core.llm.engines.selection import SelectionEngine
-
     loads, inside, most_inside = [], [0], [0]
     guard = threading.Lock()
 
