@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import posixpath
 import re
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -133,7 +134,7 @@ def prepare_warm_start(run: "Run", source: "Run") -> dict[str, Any]:
     if record["run_id"] != source.run_id or record["location"] != source.location:
         log.warning("run %s was prepared to warm start from run %s (%s): kept, %s not applied",
                     run.run_id, record["run_id"], run.storage.full(SOURCE_FILE), source.run_id)
-        source = _recorded_source(record, source)
+        source = _recorded_source(record)
     _copy_files(run, source, record)
     run.update_metadata(warm_start_from=record)
     log.info("run %s: warm start prepared from run %s (checkpoint %s, models %s)", run.run_id,
@@ -141,11 +142,11 @@ def prepare_warm_start(run: "Run", source: "Run") -> dict[str, Any]:
     return record
 
 
-def _recorded_source(record: dict[str, Any], requested: "Run") -> "Run":
-    """The source run that ``record`` names, opened like ``requested``."""
-    from nip_core.runs.storage import Storage
+def _recorded_source(record: dict[str, Any]) -> "Run":
+    """The source run that ``record`` names (its store is the folder above its location)."""
+    from nip_core.runs import RunStore
 
-    return type(requested)(Storage(record["location"]), record["run_id"], requested.params)
+    return RunStore(posixpath.dirname(record["location"].rstrip("/"))).open_run(record["run_id"])
 
 
 def _copy_files(run: "Run", source: "Run", record: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from nip_core.llm.engines import smollm2
 from nip_core.llm.engines.base import EngineError
+from nip_core.llm.engines.transformers_engine import TransformersEngine
 from nip_core.llm.testing import local_api_server
 from nip_core.utils.fileio import file_sha256
 
@@ -56,6 +57,12 @@ def test_served_through_the_openai_client_it_answers_in_english_from_its_cache(t
     assert json.loads((made / smollm2.DONE_MARK).read_text())["gguf_sha256"] == smollm2.GGUF_SHA256
     assert (made / "model.safetensors").is_file() and (made / "tokenizer.json").is_file()
     monkeypatch.setenv(smollm2.GGUF_ENV, str(tmp_path / "gone.gguf"))  # the server must not need it
+    # loads at once in several threads (requests, a fine-tuning job) each get a whole model
+    store = TransformersEngine(device="cpu", base_models=[smollm2.NAME]).models
+    with ThreadPoolExecutor(4) as pool:
+        loaded = list(pool.map(store.load_base, [smollm2.NAME] * 4))  # meta tensors fail in .to(device)
+    assert not any(p.is_meta for lm in loaded for p in lm.model.parameters())
+    del loaded
     with local_api_server(tmp_path, engine="transformers", startup_timeout=120.0,
                           engine_options={"device": "cpu", "base_models": [smollm2.NAME]}) as server:
         client = server.client(max_retries=0, timeout=120.0)
