@@ -21,9 +21,8 @@ from typing import Annotated, Any, Callable, Literal, Optional, TypeVar, get_arg
 from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
 
 from flows.secret_blocks import SECRET_SETTINGS_FIELDS
-from nip_core.parameters import HyperParameters, ScenarioType
+from nip_core.parameters import HyperParameters, InteractionProtocolType, ScenarioType
 from nip_core.parameters.partial import partial_model
-from nip_core.protocols import PROTOCOL_HANDLER_REGISTRY  # registers them all
 from nip_core.scenarios.code_validation.dataset import dataset_names as code_validation_dataset_names
 from nip_core.scenarios.graph_isomorphism.named_datasets import NAMED_DATASETS
 from nip_core.settings import DEVICE_DESCRIPTION
@@ -37,8 +36,8 @@ WaitMode = Literal["auto", "poll", "suspend"]
 SCENARIO_NAMES: tuple[str, ...] = tuple(get_args(ScenarioType))
 #: registered trainers (the built-ins as nip_core/parameters/trainer_specs.py states them, and any imported)
 TRAINER_NAMES: tuple[str, ...] = tuple(registered_trainer_names())
-#: registered interaction protocols (any scenario)
-PROTOCOL_NAMES: tuple[str, ...] = tuple(sorted({name for name, _ in PROTOCOL_HANDLER_REGISTRY}))
+#: the interaction protocols HyperParameters accepts (any scenario)
+PROTOCOL_NAMES: tuple[str, ...] = tuple(sorted(get_args(InteractionProtocolType)))
 #: scenario -> the datasets it can load by name
 DATASETS_BY_SCENARIO: dict[str, tuple[str, ...]] = {
     "graph_isomorphism": tuple(sorted(NAMED_DATASETS)),

@@ -53,7 +53,6 @@ from flows.secret_blocks import SECRET_SETTINGS_FIELDS, secret_parameter_error, 
 from nip_core.errors import NipflowError
 from nip_core.experiment import DEFAULT_DATASETS, new_run_id
 from nip_core.parameters import HyperParameters, ParameterError, apply_overrides
-from nip_core.protocols import get_protocol_handler_class
 from nip_core.runs import validate_run_id
 from nip_core.settings import AUTO_DEVICE, ExperimentSettings, check_device_name
 from nip_core.parameters.trainer_specs import UnknownTrainerError, trainer_kind
@@ -119,6 +118,8 @@ def _set_model_name(data: dict[str, Any], knob: str, role: str, model_name: str)
     scenario = data["scenario"]
     if scenario != "code_validation":
         return [(field, f"applies to the code_validation scenario (text agents) only, not to '{scenario}'")]
+    from nip_core.protocols import get_protocol_handler_class  # torch: only for text knobs
+
     protocol = data.get("interaction_protocol") or HyperParameters.model_fields["interaction_protocol"].default
     try:
         names = [a for a in get_protocol_handler_class(protocol, scenario).AGENTS if role in a]

@@ -36,7 +36,7 @@ from prefect.runtime import deployment
 
 from flows.form_fields import WaitMode
 from flows.parameters import RunSpec
-from nip_core.agents.pure_text import TERMINAL_STATUSES
+from nip_core.llm.job_status import TERMINAL_STATUSES
 from tasks.stages import initial_position, refresh_state, run_stage_task
 from tasks.trainers import keep_trainer
 

@@ -25,7 +25,6 @@ from flows.parameters import ExperimentParameters, RunSpec
 from flows.run_history import apply_warm_start
 from nip_core.parameters import HyperParameters
 from nip_core.settings import DeviceUnavailableError, ExperimentSettings, resolve_device
-from nip_core.trainers import build_trainer
 from tasks.trainers import forget_trainer, keep_trainer, kept_trainer
 
 __all__ = ["build_flow_trainer", "check_device_here", "current_flow_run_id", "current_work_pool", "forget_trainer",
@@ -84,6 +83,8 @@ def build_flow_trainer(hyper_params: HyperParameters, settings: ExperimentSettin
         If the trainer computes on a device (TensorDict trainers) that this host does
         not have: names ``parameters.device``, the host and the work pool.
     """
+    from nip_core.trainers import build_trainer  # torch and the trainers: once a flow run builds one
+
     hooks = PrefectHooks(settings.run_id or "run", getattr(hyper_params.rl, "num_iterations", 1))
     try:
         return build_trainer(hyper_params, settings, hooks=hooks)

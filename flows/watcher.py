@@ -41,7 +41,7 @@ def jobs_finished(parameters: dict[str, Any], flow_run_id: str | None = None) ->
     # trainers' torch stack (seconds of CPU for every tick of an interval schedule).
     from flows.experiment import build_flow_trainer
     from flows.parameters import ExperimentParameters
-    from nip_core.agents.pure_text import TERMINAL_STATUSES
+    from nip_core.llm.job_status import TERMINAL_STATUSES
 
     params = ExperimentParameters.from_flow_parameters(parameters)
     hyper_params = params.hyper_params()

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 from nip_core.parameters import HyperParameters
 from nip_core.settings import ExperimentSettings
-from nip_core.trainers import build_trainer
 
 __all__ = ["RunSpecLike", "forget_trainer", "keep_trainer", "kept_trainer", "release_trainer", "spec_key",
            "task_trainer"]
@@ -90,6 +89,8 @@ def task_trainer(spec: RunSpecLike) -> Iterator[Any]:
     if kept is not None:
         yield kept
         return
+    from nip_core.trainers import build_trainer  # torch and the trainers: when a task first needs one
+
     trainer = build_trainer(spec.hyper_params(), spec.experiment_settings())
     lock = trainer.run.lock
     if spec.lease and not lock.held:  # work under the parent's claim: writes check it

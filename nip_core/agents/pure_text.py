@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from nip_core.errors import FineTuneJobFailed
 from nip_core.llm import remote_objects as remote
 from nip_core.llm.capabilities import offers_structured_output
+from nip_core.llm.job_status import STATUS_MAP
 from nip_core.llm.policy.formats import DECISION_ACCEPT, DECISION_REJECT
 from nip_core.llm.remote_objects import find_jobs
 
@@ -32,9 +33,6 @@ FROZEN_JOB_ID = "frozen_job_id"
 INSUFFICIENT_DATA_JOB_ID = "insufficient_data_job_id"
 MIN_FINE_TUNE_EXAMPLES = 10
 MAX_SUFFIX = 64
-STATUS_MAP = {"validating_files": "pending", "queued": "pending", "running": "running", "paused": "paused",
-              "succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled"}
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 def incarnation_of(run: Any) -> str:

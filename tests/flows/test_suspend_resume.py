@@ -69,11 +69,20 @@ def test_suspended_run_is_resumed_by_the_watcher(fakes, tmp_path, subprocess_env
     assert (run_dir / "orchestration" / "suspensions.json").read_text().count('"0": 1') == 1
 
 
-def test_a_watcher_tick_loads_prefect_without_the_torch_stack():
-    # The watcher runs on an interval schedule, a new flow-run process per tick: a tick with
-    # no suspended run must not pay for importing torch and the trainers.
-    code = "import sys, flows.watcher; print(sorted(m for m in ('torch', 'torchrl', 'transformers', 'openai') " \
-           "if m in sys.modules))"
+def _entrypoint_modules() -> list[str]:
+    text = (REPO / "deployments" / "prefect.yaml").read_text()
+    return sorted({line.split(":", 1)[1].strip().rsplit(".", 1)[0] for line in text.splitlines()
+                   if line.strip().startswith("entrypoint:")})
+
+
+def test_every_deployment_entrypoint_loads_without_the_torch_stack():
+    # A flow-run process loads its flow before it starts sending heartbeats; the watcher runs a
+    # new process per tick. Loading the flow must not pay for torch, the trainers or the OpenAI
+    # client (seconds of CPU): they are imported once a flow run builds a trainer.
+    modules = _entrypoint_modules()
+    assert {"flows.experiment", "flows.rl_blocks", "flows.sweep", "flows.watcher", "flows.retrain"} <= set(modules)
+    code = (f"import importlib, sys\nfor name in {modules!r}:\n    importlib.import_module(name)\n"
+            "print(sorted(m for m in ('torch', 'torchrl', 'tensordict', 'transformers', 'openai') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"

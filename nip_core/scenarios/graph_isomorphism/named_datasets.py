@@ -27,12 +27,7 @@ from nip_core.scenarios.graph_isomorphism.dataset_generation import (
     GraphIsomorphismDatasetConfig,
     generate_gi_dataset,
 )
-from nip_core.scenarios.graph_isomorphism.raw_data import (
-    GraphIsomorphismDataError,
-    pairs_to_raw,
-    raw_data_path,
-    save_raw,
-)
+from nip_core.scenarios.graph_isomorphism.errors import GraphIsomorphismDataError
 
 try:  # pragma: no cover - always available on the POSIX machines this runs on
     import fcntl
@@ -148,6 +143,8 @@ def generate_to_file(
     config: GraphIsomorphismDatasetConfig, path: str | os.PathLike, *, num_workers: int | None = None
 ) -> Path:
     """Generate ``config`` and save it, with its config, to ``path`` (atomically)."""
+    from nip_core.scenarios.graph_isomorphism.raw_data import pairs_to_raw, save_raw  # torch, when writing
+
     start = time.perf_counter()
     pairs = generate_gi_dataset(config, num_workers=num_workers)
     raw = pairs_to_raw(pairs.adjacency, pairs.sizes, pairs.wl_scores, config.model_dump())
@@ -171,6 +168,8 @@ def ensure_named_dataset(
     UnknownDatasetError
         If the file is missing and ``name``/``split`` is not registered.
     """
+    from nip_core.scenarios.graph_isomorphism.raw_data import raw_data_path  # torch, as every reader of the file
+
     if not DATASET_NAME_RE.fullmatch(name):
         # the name is a directory under data_dir: a path ('../x', '/x') would read elsewhere
         raise UnknownDatasetError(f"dataset {name!r}: a graph-isomorphism dataset name is one path component "

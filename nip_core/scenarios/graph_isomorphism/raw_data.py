@@ -34,6 +34,7 @@ import torch
 
 from nip_core.utils.fileio import atomic_write_bytes
 
+from nip_core.scenarios.graph_isomorphism.errors import GraphIsomorphismDataError
 from nip_core.scenarios.graph_isomorphism.graph_utils import dense_to_sparse
 
 __all__ = [
@@ -56,15 +57,6 @@ RAW_KEYS = (
     "sizes_a",
     "sizes_b",
 )
-
-
-class GraphIsomorphismDataError(ValueError):
-    """A raw graph-isomorphism file is missing, unreadable or malformed."""
-
-    def __init__(self, path: str | os.PathLike | None, message: str):
-        self.path = None if path is None else Path(path)
-        where = f"{self.path}: " if self.path is not None else ""
-        super().__init__(where + message)
 
 
 def raw_data_path(data_dir: str | os.PathLike, name: str, split: str) -> Path:
