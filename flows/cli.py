@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--mode", choices=["pairs", "test_loop"], default="pairs",
                           help="pairs: every pair once (default); test_loop: the trainer's own test loop")
     evaluate.add_argument("--device", default="cpu", help="torch device (cpu, cuda, auto)")
+    evaluate.add_argument("--transcripts", type=int, default=0, metavar="N",
+                          help="pairs mode: print the messages of the first N isomorphic and N non-isomorphic pairs")
+    evaluate.add_argument("--pictures", metavar="DIR",
+                          help="with --transcripts: draw each transcript as DIR/pair_<id>.png")
     evaluate.add_argument("--json", action="store_true", help="print only a JSON object")
 
     params = sub.add_parser("params", help="show or validate hyper-parameters")
@@ -334,7 +338,7 @@ def cmd_report(args) -> int:
 def cmd_evaluate(args) -> int:
     from pathlib import Path
 
-    from flows.cli_inputs import check_device_here
+    from flows.cli_inputs import check_device_here, check_output_path
     from nip_core.evaluation import evaluate_run, format_evaluation
 
     runs_dir = check_runs_dir(args)
@@ -342,7 +346,18 @@ def cmd_evaluate(args) -> int:
         what = "is a directory" if Path(args.dataset_file).is_dir() else "raw data file does not exist"
         raise UsageError(f"--dataset-file {args.dataset_file}: {what}")
     check_device_here(args.device)
-    result = evaluate_run(args.run_id, args.dataset_file, runs_dir=runs_dir, mode=args.mode, device=args.device)
+    if args.transcripts < 0:
+        raise UsageError(f"--transcripts {args.transcripts}: a number of pairs per label, 0 or more")
+    if args.pictures is not None:
+        if not args.transcripts:
+            raise UsageError("--pictures: draws transcripts; give --transcripts N too")
+        check_output_path(args.pictures, "--pictures", directory=True)
+    result = evaluate_run(args.run_id, args.dataset_file, runs_dir=runs_dir, mode=args.mode, device=args.device,
+                          transcripts=args.transcripts)
+    if args.pictures is not None:
+        from nip_core.scenarios.graph_isomorphism.transcripts import render_transcripts
+
+        render_transcripts(result["transcripts"], args.pictures)
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_evaluation(result))
     return 0
 

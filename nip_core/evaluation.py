@@ -130,7 +130,7 @@ def _eval_params(params, num_pairs: int, mode: str):
 
 
 def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | None = None, *,
-                 mode: str = "pairs", device: str = "cpu") -> dict[str, Any]:
+                 mode: str = "pairs", device: str = "cpu", transcripts: int = 0) -> dict[str, Any]:
     """Test the final checkpoint of a graph-isomorphism run on a dataset file.
 
     Parameters
@@ -146,6 +146,10 @@ def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | N
         See the module docstring.
     device : str
         Torch device to compute on (``"auto"``: CUDA when available).
+    transcripts : int
+        ``"pairs"`` mode of an RL run: the episodes of the first ``transcripts`` isomorphic and
+        non-isomorphic pairs, as :func:`~nip_core.scenarios.graph_isomorphism.transcripts.episode_transcripts`
+        gives them, under ``transcripts`` in the result.
 
     Returns
     -------
@@ -176,6 +180,9 @@ def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | N
 
     if mode not in EVALUATION_MODES:
         raise EvaluationError(f"unknown evaluation mode {mode!r}; choose one of {list(EVALUATION_MODES)}")
+    if transcripts < 0 or (transcripts and mode != "pairs"):
+        raise EvaluationError(f"transcripts: {transcripts} pairs per label; transcripts need a count >= 0 and "
+                              "mode 'pairs'")
     try:
         device_name = resolve_device(device)  # DeviceUnavailableError: no such CUDA device here
     except ValueError as error:
@@ -187,6 +194,8 @@ def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | N
                               "runs only")
     cls = get_trainer_class(params.trainer)
     solo = params.trainer == "solo_agent"
+    if solo and transcripts:
+        raise EvaluationError(f"transcripts: run {run_id!r} is a solo_agent run, whose agents exchange no messages")
     if not solo and not issubclass(cls, TensorDictRlTrainer):
         raise EvaluationError(f"run {run_id!r}: trainer {params.trainer!r} is not a TensorDict trainer; "
                               "evaluate supports vanilla_ppo, spg, reinforce and solo_agent runs")
@@ -210,7 +219,7 @@ def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | N
             stats, n, accuracy = _evaluate_solo(trainer, len(dataset), mode)
             extra: dict[str, Any] = {}
         else:
-            stats, n, accuracy, extra = _evaluate_rl(trainer, state, dataset, mode)
+            stats, n, accuracy, extra = _evaluate_rl(trainer, state, dataset, mode, transcripts)
     finally:
         trainer.close()
     return {
@@ -231,7 +240,7 @@ def _evaluate_solo(trainer, num_pairs: int, mode: str) -> tuple[dict[str, float]
     return stats, int(trainer.test_indices.numel()), float(stats[f"{verifier}.test_accuracy"])
 
 
-def _evaluate_rl(trainer, state, dataset, mode: str):
+def _evaluate_rl(trainer, state, dataset, mode: str, transcripts: int = 0):
     from torch.nn.attention import sdpa_kernel
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
@@ -293,7 +302,14 @@ def _evaluate_rl(trainer, state, dataset, mode: str):
     accuracy = float(stats["test_mean_decided_accuracy"])
     if not math.isclose(accuracy, int(correct.sum()) / len(dataset), abs_tol=1e-9):
         raise EvaluationError("internal error: per-pair accuracy disagrees with the test statistics")
-    return stats, int(stats["test_num_episodes"]), accuracy, {"accuracy_by_wl_score": by_score}
+    extra: dict[str, Any] = {"accuracy_by_wl_score": by_score}
+    if transcripts:
+        from nip_core.scenarios.graph_isomorphism.transcripts import episode_transcripts
+
+        extra["transcripts"] = episode_transcripts(batch, ends, first, trainer.protocol_handler, trainer.agent_names,
+                                                   trainer.verifier_index, dataset.tensordict["wl_score"],
+                                                   transcripts)
+    return stats, int(stats["test_num_episodes"]), accuracy, extra
 
 
 def format_evaluation(result: Mapping[str, Any]) -> str:
@@ -316,5 +332,11 @@ def format_evaluation(result: Mapping[str, Any]) -> str:
         lines.append("  accuracy by WL score (-1: isomorphic):")
         for score, (accuracy, count) in by_score.items():
             lines.append(f"    {score:>3}  {accuracy:.4f}  ({count} pairs)")
+    if result.get("transcripts"):
+        from nip_core.scenarios.graph_isomorphism.transcripts import format_transcript
+
+        lines.append("")
+        lines.append("  transcripts (round, agent, graph:node):")
+        lines.extend(f"    {format_transcript(t)}" for t in result["transcripts"])
     lines.append(f"test_accuracy={result['test_accuracy']} n={result['n']}")
     return "\n".join(lines)

@@ -149,3 +149,17 @@ def test_evaluate_errors_exit_2_naming_the_run_or_file(evaluated_run, tmp_path, 
     assert main(["evaluate", "gi", "--dataset-file", str(tmp_path / "bad.pt"), "--runs-dir", str(runs_dir)]) == 2
     err = capsys.readouterr().err
     assert "bad.pt: missing keys ['wl_scores']" in err and "Traceback" not in err
+
+
+def test_evaluate_transcripts_draw_one_picture_per_pair(evaluated_run, tmp_path, capsys):
+    runs_dir, files = evaluated_run
+    argv = ["evaluate", "gi", "--dataset-file", str(files["big"]), "--runs-dir", str(runs_dir)]
+    assert main([*argv, "--pictures", str(tmp_path / "pics")]) == 2
+    assert "--pictures: draws transcripts; give --transcripts N too" in capsys.readouterr().err
+    assert main([*argv, "--transcripts", "-1"]) == 2
+    assert "--transcripts -1: a number of pairs per label" in capsys.readouterr().err
+    assert main([*argv, "--transcripts", "1", "--pictures", str(tmp_path / "pics"), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    pairs = [t["pair"] for t in shown["transcripts"]]
+    assert len(pairs) == 2 and [t["y"] for t in shown["transcripts"]] == [1, 0]
+    assert sorted(p.name for p in (tmp_path / "pics").iterdir()) == sorted(f"pair_{p}.png" for p in pairs)

@@ -8,6 +8,7 @@ from nip_core.parameters.agents import (
     ContiguousPeriodicUpdateSchedule,
     GraphIsomorphismAgentParameters,
     LrFactors,
+    OracleProverParameters,
     RandomAgentParameters,
 )
 from nip_core.parameters.base import BaseRunPreserve, ParameterError, ParamsModel

@@ -137,6 +137,11 @@ class AgentParameters(ParamsModel):
     def is_random(self) -> bool:
         return False
 
+    @property
+    def is_scripted(self) -> bool:
+        """The agent acts by a fixed rule (random, or an oracle): no learned parts, never trained."""
+        return False
+
 
 class RandomAgentParameters(AgentParameters):
     """An agent that acts uniformly at random and is never trained."""
@@ -146,6 +151,30 @@ class RandomAgentParameters(AgentParameters):
 
     @property
     def is_random(self) -> bool:
+        return True
+
+    @property
+    def is_scripted(self) -> bool:
+        return True
+
+
+class OracleProverParameters(AgentParameters):
+    """A graph-isomorphism prover that knows the answer and always helps; never trained.
+
+    A diagnostic of the protocol and the verifier: after the verifier's node ``v``, it answers
+    in the other graph with a node of ``v``'s colour-refinement (Weisfeiler-Lehman) colour when
+    the graphs are isomorphic, and with a node of another colour when they are not (uniformly
+    among such nodes; among all nodes of that graph when there is none). A verifier trained
+    against it shows what the message path can carry (docs/behaviour.md#b45).
+    """
+
+    kind: Literal["oracle_prover"] = Field(
+        "oracle_prover", description="Agent type: 'oracle_prover', a graph-isomorphism prover that knows the "
+                                     "label and points at a node of the verifier's node's WL colour (isomorphic) "
+                                     "or of another colour (not isomorphic); never trained.")
+
+    @property
+    def is_scripted(self) -> bool:
         return True
 
 
@@ -276,7 +305,8 @@ class CodeValidationAgentParameters(AgentParameters):
 
 
 AnyAgentParameters = Annotated[
-    Union[GraphIsomorphismAgentParameters, CodeValidationAgentParameters, RandomAgentParameters],
+    Union[GraphIsomorphismAgentParameters, CodeValidationAgentParameters, RandomAgentParameters,
+          OracleProverParameters],
     Field(discriminator="kind"),
 ]
 

@@ -142,7 +142,7 @@ class ParameterError(ValueError):
 
 
 # Discriminator tags that pydantic inserts into error locations; they are not field names.
-_UNION_TAGS = {"graph_isomorphism", "code_validation", "random", "constant",
+_UNION_TAGS = {"graph_isomorphism", "code_validation", "random", "oracle_prover", "constant",
                "contiguous_periodic", "alternating_periodic"}
 
 

@@ -16,6 +16,7 @@ from nip_core.parameters.agents import (
     AGENT_PARAMS_BY_SCENARIO,
     AgentParameters,
     AnyAgentParameters,
+    OracleProverParameters,
 )
 from nip_core.parameters.base import (
     FieldProblems,
@@ -208,7 +209,11 @@ class HyperParameters(ParamsModel):
             # Assigning through __dict__ avoids re-running validation on a partial model.
             self.__dict__["agents"] = {DEFAULT_AGENT_KEY: expected(), **self.agents}
         for name, agent in self.agents.items():
-            if not agent.is_random and not isinstance(agent, expected):
+            if isinstance(agent, OracleProverParameters):
+                if self.scenario != "graph_isomorphism" or "prover" not in name:
+                    raise ValueError(f"agents.{name}: an oracle_prover is a graph-isomorphism prover; "
+                                     f"'{name}' of scenario '{self.scenario}' cannot be one")
+            elif not agent.is_random and not isinstance(agent, expected):
                 raise ValueError(
                     f"agents.{name}: parameters of kind '{getattr(agent, 'kind', '?')}' "
                     f"do not fit scenario '{self.scenario}'"

@@ -210,3 +210,42 @@ def test_evaluate_errors_name_the_run_or_file(trained, tmp_path):
     store.open_run("text", text)
     with pytest.raises(EvaluationError, match="run 'text' is a code_validation run"):
         evaluate_run("text", files["big"], runs_dir=str(runs_dir))
+
+
+def test_transcripts_follow_the_protocol_and_the_file_and_are_drawn(trained, tmp_path):
+    from nip_core.scenarios.graph_isomorphism.transcripts import format_transcript, render_transcript
+
+    runs_dir, files = trained
+    result = evaluate_run("gi", files["big"], runs_dir=str(runs_dir), transcripts=2)
+    data = read_dataset_file(files["big"]).tensordict
+    labels = data["y"].tolist()
+    transcripts = result["transcripts"]
+    # the first two isomorphic pairs, then the first two non-isomorphic ones, by datapoint id
+    expected = [i for i, y in enumerate(labels) if y == 1][:2] + [i for i, y in enumerate(labels) if y == 0][:2]
+    assert [t["pair"] for t in transcripts] == expected
+    for t in transcripts:
+        pair = t["pair"]
+        assert t["y"] == labels[pair] and t["wl_score"] == int(data["wl_score"][pair])
+        for g, graph in enumerate(t["graphs"]):
+            adjacency = data["adjacency"][pair, g]
+            assert graph["nodes"] == int(data["node_mask"][pair, g].sum())
+            assert sorted(graph["edges"]) == [tuple(e) for e in torch.triu(adjacency, 1).nonzero().tolist()]
+        # nip, verifier first: the verifier in even rounds, the prover in odd ones, one message a
+        # round from round 0 on, each node a real one; a prover answers in the other graph
+        messages = t["messages"]
+        assert [m["round"] for m in messages] == list(range(len(messages))) and messages
+        assert [m["agent"] for m in messages] == ["verifier" if r % 2 == 0 else "prover" for r in range(len(messages))]
+        for previous, m in zip([None, *messages], messages):
+            assert m["node"] < t["graphs"][m["graph"]]["nodes"]
+            if m["agent"] == "prover":
+                assert m["graph"] != previous["graph"]
+        assert t["correct"] == (t["decision"] == t["y"]) and t["decision"] in (0, 1, None)
+    lines = format_evaluation(result).splitlines()
+    assert [format_transcript(t) for t in transcripts] == [line.strip() for line in lines[-5:-1]]
+    assert lines[-5].startswith("    pair ") and " -> " in lines[-5]
+    render_transcript(transcripts[0], tmp_path / "pair.png")
+    assert (tmp_path / "pair.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # without transcripts the result has none; they need the pairs mode
+    assert "transcripts" not in evaluate_run("gi", files["big"], runs_dir=str(runs_dir))
+    with pytest.raises(EvaluationError, match="transcripts: 2 pairs per label; transcripts need .* mode 'pairs'"):
+        evaluate_run("gi", files["big"], runs_dir=str(runs_dir), mode="test_loop", transcripts=2)

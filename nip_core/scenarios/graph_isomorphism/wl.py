@@ -48,10 +48,15 @@ the nodes of all still-undecided pairs.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+import sys
+from typing import TYPE_CHECKING
 
-__all__ = ["wl_scores", "wl_score", "NOT_DISTINGUISHED"]
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["wl_scores", "wl_score", "wl_colours", "NOT_DISTINGUISHED"]
 
 #: Score of a pair whose colour histograms never differ within ``max_iterations``.
 NOT_DISTINGUISHED = -1
@@ -89,7 +94,7 @@ def wl_scores(
         histograms differ; -1 if they never differ within ``max_iterations``; 0 if the
         graphs have different numbers of nodes. A tensor if ``adjacency_a`` is one.
     """
-    as_tensor = isinstance(adjacency_a, torch.Tensor)
+    as_tensor = _is_tensor(adjacency_a)
     adj_a = _to_numpy(adjacency_a)
     adj_b = _to_numpy(adjacency_b)
     if adj_a.ndim != 3 or adj_a.shape[1] != adj_a.shape[2] or adj_a.shape != adj_b.shape:
@@ -142,7 +147,7 @@ def wl_scores(
         active = active[keep]
         colours = new_colours[keep]
 
-    return torch.from_numpy(scores) if as_tensor else scores
+    return sys.modules["torch"].from_numpy(scores) if as_tensor else scores
 
 
 def wl_score(
@@ -170,8 +175,45 @@ def wl_score(
     return int(scores[0])
 
 
+def wl_colours(adjacency: np.ndarray, node_mask: np.ndarray) -> np.ndarray:
+    """Stable joint colour-refinement colours of the nodes of each pair.
+
+    Parameters
+    ----------
+    adjacency : array, ``(B, 2, n, n)``
+        The two graphs of each pair (any non-zero entry is an edge; padding rows and
+        columns are ignored).
+    node_mask : array, ``(B, 2, n)`` bool
+        Which node slots are real.
+
+    Returns
+    -------
+    colours : array, ``int64 (B, 2, n)``
+        Colours numbered ``0..k-1`` within each pair, refined until stable and shared
+        between its two graphs (equal colours mean equal WL colour classes); -1 on padding.
+    """
+    node_mask = np.asarray(node_mask, dtype=bool)
+    adjacency = (np.asarray(adjacency) != 0) & node_mask[:, :, :, None] & node_mask[:, :, None, :]
+    colours = np.where(node_mask, 0, -1).astype(np.int64)
+    num_colours = node_mask.reshape(node_mask.shape[0], -1).any(axis=1).astype(np.int64)
+    active = np.flatnonzero(num_colours > 0)
+    while active.size:  # at most 2n rounds: each one that goes on adds a colour
+        new_colours, new_num = _refine(adjacency[active], colours[active], node_mask[active])
+        colours[active] = new_colours
+        grew = new_num > num_colours[active]
+        num_colours[active] = new_num
+        active = active[grew]
+    return colours
+
+
+def _is_tensor(array) -> bool:
+    """A torch tensor? (Without importing torch: no tensor exists before torch is imported.)"""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(array, torch.Tensor)
+
+
 def _to_numpy(array: np.ndarray | torch.Tensor) -> np.ndarray:
-    if isinstance(array, torch.Tensor):
+    if _is_tensor(array):
         return array.detach().cpu().numpy()
     return np.asarray(array)
 

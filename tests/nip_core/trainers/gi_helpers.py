@@ -66,3 +66,24 @@ def plant_checkpoint(run, name: str, data: bytes, **info) -> None:
     manifest = {"name": name, "sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
                 "params_hash": run.params_hash, "saved_at": "2026-01-01T00:00:00+00:00", **info}
     run.storage.write_bytes(f"checkpoints/{name}.json", json.dumps(manifest, sort_keys=True).encode())
+
+
+def train_config(params_file, tmp_path, run_id: str, overrides=()):
+    """Train a config file's run in-process; ``(hp, train accuracies, test rows)``.
+
+    The train accuracies are ``mean_decided_accuracy`` per iteration (a time-out is wrong,
+    docs/behaviour.md#b15); the test rows are the metrics rows of kind ``test``.
+    """
+    from nip_core.experiment import make_params
+    from nip_core.trainers import build_trainer
+
+    hp = make_params(params_file=params_file, overrides=list(overrides))
+    trainer = build_trainer(hp, settings_for(tmp_path, run_id=run_id))
+    try:
+        trainer.train()
+        rows = trainer.run.read_metrics()
+    finally:
+        trainer.close()
+    train = [r["mean_decided_accuracy"] for r in rows
+             if r.get("kind", "train") == "train" and "mean_decided_accuracy" in r]
+    return hp, train, [r for r in rows if r.get("kind") == "test"]

@@ -33,8 +33,7 @@ from pathlib import Path
 import pytest
 
 from nip_core.experiment import make_params
-from nip_core.trainers import build_trainer
-from tests.nip_core.trainers.gi_helpers import settings_for
+from tests.nip_core.trainers.gi_helpers import train_config
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "gi_nip_ppo_wl.json"
 ITERATIONS = 50
@@ -48,16 +47,8 @@ def test_nip_verifier_beats_chance_on_weisfeiler_lehman_matched_data(tmp_path, o
     hp = make_params(params_file=CONFIG, overrides=[f"rl.num_iterations={ITERATIONS}"])
     assert hp.dataset == "wl-small" and hp.interaction_protocol == "nip"
     assert make_params(params_file=CONFIG).rl.num_iterations == 100  # what the README's command trains
-    trainer = build_trainer(hp, settings_for(tmp_path, run_id="wl-small-nip"))
-    try:
-        trainer.train()
-        rows = trainer.run.read_metrics()
-    finally:
-        trainer.close()
     # accuracy with time-outs wrong (docs/behaviour.md#b15), as the thresholds were calibrated
-    train = [r["mean_decided_accuracy"] for r in rows
-             if r.get("kind", "train") == "train" and "mean_decided_accuracy" in r]
-    test = [r for r in rows if r.get("kind") == "test"]
+    _, train, test = train_config(CONFIG, tmp_path, "wl-small-nip", [f"rl.num_iterations={ITERATIONS}"])
     assert len(train) == ITERATIONS and test
     final = test[-1]
     assert final["test_num_episodes"] > 800

@@ -33,8 +33,9 @@ from nip_core.scenarios.graph_isomorphism.agents.stacked import can_stack, stack
 
 MASK_VALUE = -1e9
 
-#: What a body may read: the environment's keys, restricted to the agent's visible channels.
-AGENT_INPUT_KEYS = frozenset({"x", "adjacency", "message", "node_mask", "ignore_message", "round"})
+#: What a part may read: the environment's keys, restricted to the agent's visible channels
+#: (the label ``y`` is read by the oracle prover's head alone).
+AGENT_INPUT_KEYS = frozenset({"x", "adjacency", "message", "node_mask", "ignore_message", "round", "y"})
 BODY_OUTPUT_KEYS = ("graph_level_repr", "node_level_repr")
 POLICY_HEAD_OUTPUT_KEYS = ("node_selected_logits", "decision_logits")
 
@@ -211,7 +212,7 @@ class CombinedAgents(nn.Module):
         if self.shared_body:
             return self.policy_body
         merged = nn.ModuleDict()
-        for name in self.agent_names:  # random agents have no separate value body
+        for name in self.agent_names:  # scripted agents have no separate value body
             merged[name] = self.value_body[name] if name in self.value_body else self.policy_body[name]
         return merged
 
@@ -241,7 +242,7 @@ class CombinedAgents(nn.Module):
         out: dict[str, list[dict]] = {}
         for name in self.agent_names:
             params = self.hyper_params.agent_params(name)
-            if params.is_random:
+            if params.is_scripted:
                 for module in (self.policy_body, self.policy_head, self.value_head):
                     if name in module:
                         module[name].requires_grad_(False)

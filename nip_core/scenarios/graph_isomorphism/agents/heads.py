@@ -1,4 +1,4 @@
-"""Graph-isomorphism heads: node selector + decider (policy), value, solo, and random ones.
+"""Graph-isomorphism heads: node selector + decider (policy), value, solo, random and oracle ones.
 
 Every part is built as ``cls(hyper_params, settings, agent_name, protocol_handler,
 max_nodes=...)`` (:mod:`nip_core.agents.base`); the sizes come from the protocol (rounds,
@@ -18,6 +18,7 @@ from nip_core.agents.base import (
     TensorDictAgentPartMixin,
 )
 from nip_core.agents.mlp import make_mlp, one_hot_round
+from nip_core.scenarios.graph_isomorphism.wl import wl_colours
 
 
 class GraphIsomorphismPolicyHead(TensorDictAgentPartMixin, AgentPolicyHead):
@@ -144,3 +145,40 @@ class ConstantValueHead(TensorDictAgentPartMixin, AgentValueHead):
 
     def forward(self, graph_repr: Tensor) -> Tensor:
         return self.dummy * 0 + torch.zeros(graph_repr.shape[0], 1, device=graph_repr.device)
+
+
+class OracleProverHead(TensorDictAgentPartMixin, AgentPolicyHead):
+    """The message logits of an oracle prover (:class:`~nip_core.parameters.agents.OracleProverParameters`).
+
+    The verifier's latest node ``v`` is the largest entry of the agent's ``message`` (any
+    positive-scale normalisation keeps it). The candidates are the real nodes of the other
+    graph whose joint colour-refinement colour equals ``v``'s when ``y`` is 1 (isomorphic) and
+    differs from it when ``y`` is 0; if there is none, every real node of that graph. Logits
+    are 0 for candidates and a large negative value otherwise, the same for every channel and
+    position the agent sees; decision logits are zeros (a prover never decides).
+    """
+
+    in_keys = ("adjacency", "node_mask", "message", "y")
+    out_keys = ("node_selected_logits", "decision_logits")
+
+    def __init__(self, hyper_params, settings, agent_name: str, protocol_handler, *, max_nodes: int):
+        super().__init__(hyper_params, settings, agent_name, protocol_handler)
+        self.dummy = nn.Parameter(torch.zeros(()), requires_grad=False)
+        self.max_nodes = max_nodes
+
+    def forward(self, adjacency: Tensor, node_mask: Tensor, message: Tensor,
+                y: Tensor) -> tuple[Tensor, Tensor]:
+        B, C, M, N = message.shape[0], message.shape[1], message.shape[2], self.max_nodes
+        colours = torch.from_numpy(wl_colours(adjacency.detach().cpu().numpy(),
+                                              node_mask.detach().cpu().numpy())).to(message.device)
+        flat_colours = colours.reshape(B, 1, 1, 2 * N)
+        latest = message.reshape(B, C, M, 2 * N).argmax(-1)  # (B, C, M): graph * N + node
+        own_colour = flat_colours.expand(B, C, M, 2 * N).gather(-1, latest.unsqueeze(-1))  # (B, C, M, 1)
+        slot_graph = torch.arange(2 * N, device=message.device) // N
+        other_graph = slot_graph.view(1, 1, 1, -1) != (latest // N).unsqueeze(-1)  # (B, C, M, 2N)
+        real = other_graph & node_mask.reshape(B, 1, 1, 2 * N)
+        same = flat_colours == own_colour
+        wanted = torch.where(y.reshape(B, 1, 1, 1).bool(), same, ~same) & real
+        candidates = torch.where(wanted.any(-1, keepdim=True), wanted, real)
+        logits = torch.zeros(B, C, M, 2 * N, device=message.device).masked_fill(~candidates, -1e9)
+        return self.dummy + logits, self.dummy + torch.zeros(B, 3, device=message.device)

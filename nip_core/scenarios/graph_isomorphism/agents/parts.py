@@ -3,8 +3,9 @@
 Which parts an agent gets depends on the trainer (docs/behaviour.md#b20): policy heads for
 RL trainers, value heads with a critic, one body shared by the heads or — with
 ``rl.use_shared_body = False`` and a critic — separate policy and value bodies, solo heads
-for the solo-agent trainer and ``pretrain_agents``. Random agents get a zero body, uniform
-policy head and constant value head.
+for the solo-agent trainer and ``pretrain_agents``. Scripted agents get a zero body and a
+constant value head, with a uniform policy head (random agents) or the oracle prover's
+(:class:`~nip_core.scenarios.graph_isomorphism.agents.heads.OracleProverHead`).
 
 The classes used are looked up by base class: ``part_classes`` given to the builder
 first, then the per-scenario registry ``GRAPH_ISOMORPHISM_PART_CLASSES`` (the stock
@@ -30,12 +31,14 @@ from nip_core.agents.base import (
     TensorDictAgentPartMixin,
 )
 from nip_core.agents.mlp import agent_init_seed, orthogonal_init
+from nip_core.parameters.agents import OracleProverParameters
 from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody
 from nip_core.scenarios.graph_isomorphism.agents.heads import (
     ConstantValueHead,
     GraphIsomorphismPolicyHead,
     GraphIsomorphismSoloHead,
     GraphIsomorphismValueHead,
+    OracleProverHead,
     RandomAgentBody,
     RandomPolicyHead,
 )
@@ -110,11 +113,12 @@ def build_agents(hyper_params: Any, settings: Any, protocol_handler: Any, max_no
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(agent_init_seed(hyper_params.seed, index))
-            if params.is_random:
+            if params.is_scripted:
                 if solo:
-                    raise ValueError(f"agents.{name}: random agents cannot be trained as solo agents")
+                    raise ValueError(f"agents.{name}: {params.kind} agents cannot be trained as solo agents")
+                head = OracleProverHead if isinstance(params, OracleProverParameters) else RandomPolicyHead
                 agents[name] = Agent(body=make(RandomAgentBody),
-                                     policy_head=make(RandomPolicyHead) if policy else None,
+                                     policy_head=make(head) if policy else None,
                                      value_head=make(ConstantValueHead) if critic else None)
                 continue
             body = make(classes[AgentBody])

@@ -152,3 +152,62 @@ def test_lr_zero_freezes_and_shared_body_needs_equal_factors():
     agents = setup(agents={"_default": TINY, "prover": unequal})[3]
     with pytest.raises(LrFactorError, match="agents.prover.body_lr_factor"):
         agents.parameter_groups(3.0)
+
+
+def _path_and_triangle_td(env, y: int):
+    """Every env row: graph 0 a path 0-1-2, graph 1 a path 0-1-2 and a triangle 3-4-5 apart;
+    the verifier's latest message is node 1 (the middle) of graph 0."""
+    td = env.reset()
+    td["adjacency"].zero_()
+    for g, edges in ((0, [(0, 1), (1, 2)]), (1, [(0, 1), (1, 2), (3, 4), (4, 5), (3, 5)])):
+        for u, v in edges:
+            td["adjacency"][:, g, u, v] = td["adjacency"][:, g, v, u] = 1
+    td["node_mask"][:] = False
+    td["node_mask"][:, 0, :3] = True
+    td["node_mask"][:, 1, :] = True
+    td["round"][:] = 1
+    td["message"].zero_()
+    td["message"][:, 0, 0, 0, 1] = 1.0
+    td["y"][:] = y
+    return td
+
+
+@pytest.mark.parametrize(("y", "candidates"), [(1, [7]), (0, [6, 8, 9, 10, 11])])
+def test_oracle_prover_answers_with_the_verifiers_colour_iff_isomorphic(y, candidates):
+    hp, handler, env, agents = setup(agents={"_default": TINY, "prover": {"kind": "oracle_prover"}})
+    td = _path_and_triangle_td(env, y)
+    logits, _ = agents.policy(td)
+    prover = handler.agent_names.index("prover")
+    allowed = (logits[:, prover, 0, 0] > MASK_VALUE).nonzero()[:, 1].reshape(env.num_envs, -1)
+    # the path's middle node has one match in graph 1 (slot 6 + 1); the path's ends and the
+    # triangle's nodes are of other colours
+    assert (allowed == torch.tensor(candidates)).all()
+    PolicyOperator(agents, "node_selected", [])(td)
+    assert set(td["agents", "node_selected"][:, prover, 0, 0].tolist()) <= set(candidates)
+    # with the normalised message of rl.normalize_observations it answers the same
+    td["message"] = (td["message"] - 0.3) / 2.0
+    assert torch.equal(agents.policy(td)[0][:, prover], logits[:, prover])
+
+
+def test_oracle_prover_without_a_wanted_node_answers_anywhere_in_the_other_graph_and_is_never_trained():
+    hp, handler, env, agents = setup(agents={"_default": TINY, "prover": {"kind": "oracle_prover"}})
+    td = _path_and_triangle_td(env, 1)
+    td["node_mask"][:, 1, :3] = False  # graph 1 is the triangle alone: no node of the middle's colour
+    td["adjacency"][:, 1, :3, :3] = 0
+    prover = handler.agent_names.index("prover")
+    allowed = (agents.policy(td)[0][:, prover, 0, 0] > MASK_VALUE).nonzero()[:, 1].reshape(env.num_envs, -1)
+    assert (allowed == torch.tensor([9, 10, 11])).all()
+    groups = agents.parameter_groups(3.0)
+    assert "prover" not in groups and groups["verifier"]
+    assert not any(p.requires_grad for name, p in agents.named_parameters() if ".prover." in name)
+
+
+@pytest.mark.parametrize(("scenario", "trainer", "name", "message"), [
+    ("graph_isomorphism", "vanilla_ppo", "verifier", "'verifier' of scenario 'graph_isomorphism' cannot be one"),
+    ("graph_isomorphism", "vanilla_ppo", "_default", "'_default' of scenario 'graph_isomorphism' cannot be one"),
+    ("code_validation", "pure_text_ei", "prover", "'prover' of scenario 'code_validation' cannot be one"),
+])
+def test_an_oracle_prover_is_refused_outside_a_graph_isomorphism_prover(scenario, trainer, name, message):
+    with pytest.raises(ValueError, match=f"agents.{name}: an oracle_prover is a graph-isomorphism prover; {message}"):
+        HyperParameters(scenario=scenario, trainer=trainer, dataset="test" if scenario == "graph_isomorphism" else
+                        "buggy_apps_small", agents={name: {"kind": "oracle_prover"}})

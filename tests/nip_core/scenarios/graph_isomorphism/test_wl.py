@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from nip_core.scenarios.graph_isomorphism.wl import wl_score, wl_scores
+from nip_core.scenarios.graph_isomorphism.wl import wl_colours, wl_score, wl_scores
 
 
 def graph(num_nodes: int, edges: list[tuple[int, int]]) -> np.ndarray:
@@ -167,3 +167,42 @@ def test_shape_mismatch_is_rejected():
         wl_scores(np.zeros((2, 3, 3)), np.zeros((2, 4, 4)))
     with pytest.raises(ValueError, match="sizes"):
         wl_scores(np.zeros((2, 3, 3)), np.zeros((2, 3, 3)), sizes_a=np.array([4, 1]))
+
+
+def reference_stable_colours(adj_a: np.ndarray, adj_b: np.ndarray) -> dict[tuple[int, int], int]:
+    """Textbook joint colour refinement run until the number of colours stops growing."""
+    adjs = (adj_a, adj_b)
+    nodes = [(g, v) for g, adj in enumerate(adjs) for v in range(adj.shape[0])]
+    colours = {node: 0 for node in nodes}
+    while True:
+        signature = {(g, v): (colours[(g, v)], tuple(sorted(colours[(g, u)] for u in np.flatnonzero(adjs[g][v]))))
+                     for g, v in nodes}
+        palette = {sig: i for i, sig in enumerate(sorted(set(signature.values())))}
+        refined = {node: palette[signature[node]] for node in nodes}
+        if len(set(refined.values())) == len(set(colours.values())):
+            return refined
+        colours = refined
+
+
+def test_wl_colours_are_the_stable_joint_refinement_and_padding_is_minus_one():
+    rng = np.random.default_rng(5)
+    pairs = [(SCORE_3_A, SCORE_3_B), (EDGE_AND_TRIANGLE, PATH_5), (CYCLE_6, TWO_TRIANGLES)]
+    pairs += [(a, permute(a, rng)) for a in (SCORE_3_A, PATH_5)]
+    pairs += [_swap_pair(rng, 7, 0.5) for _ in range(20)]
+    n = 8  # every graph padded to 8 node slots
+    adjacency = np.zeros((len(pairs), 2, n, n), dtype=np.int8)
+    node_mask = np.zeros((len(pairs), 2, n), dtype=bool)
+    for i, pair in enumerate(pairs):
+        for g, adj in enumerate(pair):
+            adjacency[i, g, : len(adj), : len(adj)] = adj
+            node_mask[i, g, : len(adj)] = True
+    colours = wl_colours(adjacency, node_mask)
+    assert colours.shape == (len(pairs), 2, n) and (colours[~node_mask] == -1).all()
+    for i, (adj_a, adj_b) in enumerate(pairs):
+        expected = reference_stable_colours(adj_a, adj_b)
+        got = {(g, v): int(colours[i, g, v]) for g, v in expected}
+        # the same partition of the pair's nodes (colour numbers may differ)
+        assert len(set(got.values())) == len(set(expected.values()))
+        assert len({(got[node], expected[node]) for node in expected}) == len(set(expected.values()))
+    # the path's middle node and a triangle's nodes, both of degree 2, differ after refinement
+    assert colours[1, 0, 2] != colours[1, 1, 2]
