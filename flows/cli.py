@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="pairs: every pair once (default); test_loop: the trainer's own test loop")
     evaluate.add_argument("--device", default="cpu", help="torch device (cpu, cuda, auto)")
     evaluate.add_argument("--transcripts", type=int, default=0, metavar="N",
-                          help="pairs mode: print the messages of the first N isomorphic and N non-isomorphic pairs")
+                          help="pairs mode: print the messages of the first N isomorphic pairs and the first N "
+                               "non-isomorphic pairs of each WL score")
     evaluate.add_argument("--pictures", metavar="DIR",
                           help="with --transcripts: draw each transcript as DIR/pair_<id>.png")
     evaluate.add_argument("--json", action="store_true", help="print only a JSON object")
@@ -347,7 +348,7 @@ def cmd_evaluate(args) -> int:
         raise UsageError(f"--dataset-file {args.dataset_file}: {what}")
     check_device_here(args.device)
     if args.transcripts < 0:
-        raise UsageError(f"--transcripts {args.transcripts}: a number of pairs per label, 0 or more")
+        raise UsageError(f"--transcripts {args.transcripts}: a number of pairs per class, 0 or more")
     if args.pictures is not None:
         if not args.transcripts:
             raise UsageError("--pictures: draws transcripts; give --transcripts N too")

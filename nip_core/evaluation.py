@@ -147,9 +147,10 @@ def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | N
     device : str
         Torch device to compute on (``"auto"``: CUDA when available).
     transcripts : int
-        ``"pairs"`` mode of an RL run: the episodes of the first ``transcripts`` isomorphic and
-        non-isomorphic pairs, as :func:`~nip_core.scenarios.graph_isomorphism.transcripts.episode_transcripts`
-        gives them, under ``transcripts`` in the result.
+        ``"pairs"`` mode of an RL run: the episodes of the first ``transcripts`` isomorphic pairs
+        and of the first ``transcripts`` non-isomorphic pairs of each WL score, as
+        :func:`~nip_core.scenarios.graph_isomorphism.transcripts.episode_transcripts` gives them,
+        under ``transcripts`` in the result.
 
     Returns
     -------
@@ -181,7 +182,7 @@ def evaluate_run(run_id: str, dataset_file: str | os.PathLike, runs_dir: str | N
     if mode not in EVALUATION_MODES:
         raise EvaluationError(f"unknown evaluation mode {mode!r}; choose one of {list(EVALUATION_MODES)}")
     if transcripts < 0 or (transcripts and mode != "pairs"):
-        raise EvaluationError(f"transcripts: {transcripts} pairs per label; transcripts need a count >= 0 and "
+        raise EvaluationError(f"transcripts: {transcripts} pairs per class; transcripts need a count >= 0 and "
                               "mode 'pairs'")
     try:
         device_name = resolve_device(device)  # DeviceUnavailableError: no such CUDA device here

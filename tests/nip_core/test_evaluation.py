@@ -220,9 +220,14 @@ def test_transcripts_follow_the_protocol_and_the_file_and_are_drawn(trained, tmp
     data = read_dataset_file(files["big"]).tensordict
     labels = data["y"].tolist()
     transcripts = result["transcripts"]
-    # the first two isomorphic pairs, then the first two non-isomorphic ones, by datapoint id
-    expected = [i for i, y in enumerate(labels) if y == 1][:2] + [i for i, y in enumerate(labels) if y == 0][:2]
-    assert [t["pair"] for t in transcripts] == expected
+    scores = data["wl_score"].tolist()
+    # the first two isomorphic pairs, then the first two non-isomorphic ones of each WL score
+    # (ascending, -1 last), by datapoint id
+    non_iso_scores = sorted({s for s, y in zip(scores, labels) if y == 0}, key=lambda s: (s < 0, s))
+    expected = [i for i, y in enumerate(labels) if y == 1][:2]
+    for score in non_iso_scores:
+        expected += [i for i, (s, y) in enumerate(zip(scores, labels)) if y == 0 and s == score][:2]
+    assert len(non_iso_scores) >= 2 and [t["pair"] for t in transcripts] == expected
     for t in transcripts:
         pair = t["pair"]
         assert t["y"] == labels[pair] and t["wl_score"] == int(data["wl_score"][pair])
@@ -241,11 +246,12 @@ def test_transcripts_follow_the_protocol_and_the_file_and_are_drawn(trained, tmp
                 assert m["graph"] != previous["graph"]
         assert t["correct"] == (t["decision"] == t["y"]) and t["decision"] in (0, 1, None)
     lines = format_evaluation(result).splitlines()
-    assert [format_transcript(t) for t in transcripts] == [line.strip() for line in lines[-5:-1]]
-    assert lines[-5].startswith("    pair ") and " -> " in lines[-5]
+    shown = lines[-1 - len(transcripts):-1]
+    assert [format_transcript(t) for t in transcripts] == [line.strip() for line in shown]
+    assert shown[0].startswith("    pair ") and " -> " in shown[0]
     render_transcript(transcripts[0], tmp_path / "pair.png")
     assert (tmp_path / "pair.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # without transcripts the result has none; they need the pairs mode
     assert "transcripts" not in evaluate_run("gi", files["big"], runs_dir=str(runs_dir))
-    with pytest.raises(EvaluationError, match="transcripts: 2 pairs per label; transcripts need .* mode 'pairs'"):
+    with pytest.raises(EvaluationError, match="transcripts: 2 pairs per class; transcripts need .* mode 'pairs'"):
         evaluate_run("gi", files["big"], runs_dir=str(runs_dir), mode="test_loop", transcripts=2)

@@ -24,8 +24,9 @@ DECISIONS = {0: "reject", 1: "accept"}
 
 
 def episode_transcripts(batch, ends: torch.Tensor, first: torch.Tensor, protocol_handler, agent_names: list[str],
-                        verifier_index: int, wl_scores: torch.Tensor, per_label: int) -> list[dict[str, Any]]:
-    """The first ``per_label`` isomorphic and ``per_label`` non-isomorphic pairs' episodes.
+                        verifier_index: int, wl_scores: torch.Tensor, per_class: int) -> list[dict[str, Any]]:
+    """The episodes of the first ``per_class`` pairs of each class: isomorphic pairs, then the
+    non-isomorphic ones of each WL score (ascending; -1 last: not told apart).
 
     Parameters
     ----------
@@ -38,18 +39,22 @@ def episode_transcripts(batch, ends: torch.Tensor, first: torch.Tensor, protocol
         Who is active in which round, and the agents' names.
     wl_scores
         The WL score of each pair of the dataset (-1: not told apart, as for isomorphic pairs).
-    per_label
-        How many pairs of each label, in the order of their datapoint ids.
+    per_class
+        How many pairs of each class, in the order of their datapoint ids.
     """
     max_nodes = batch["node_mask"].shape[-1]
     rows = sorted(range(batch.batch_size[0]), key=lambda i: int(batch["datapoint_id"][i, 0]))
-    chosen = {0: [], 1: []}
+    chosen: dict[tuple[int, int], list[int]] = {}
     for i in rows:
+        score = int(wl_scores[int(batch["datapoint_id"][i, 0])])
         label = int(batch["y"][i, 0])
-        if len(chosen[label]) < per_label:
-            chosen[label].append(i)
+        # isomorphic first, then non-isomorphic by score with -1 (never told apart) last
+        key = (0, 0) if label == 1 else (1, score if score >= 0 else 1 << 30)
+        members = chosen.setdefault(key, [])
+        if len(members) < per_class:
+            members.append(i)
     transcripts = []
-    for i in chosen[1] + chosen[0]:
+    for i in (i for key in sorted(chosen) for i in chosen[key]):
         steps = first[i].nonzero().squeeze(-1).tolist()
         end = int(ends[i].nonzero()[0, 0])
         rounds = batch["round"][i, steps]
