@@ -337,22 +337,11 @@ def cmd_report(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from pathlib import Path
-
-    from flows.cli_inputs import check_device_here, check_output_path
+    from flows.cli_inputs import check_evaluate_args
     from nip_core.evaluation import evaluate_run, format_evaluation
 
     runs_dir = check_runs_dir(args)
-    if not Path(args.dataset_file).is_file():
-        what = "is a directory" if Path(args.dataset_file).is_dir() else "raw data file does not exist"
-        raise UsageError(f"--dataset-file {args.dataset_file}: {what}")
-    check_device_here(args.device)
-    if args.transcripts < 0:
-        raise UsageError(f"--transcripts {args.transcripts}: a number of pairs per class, 0 or more")
-    if args.pictures is not None:
-        if not args.transcripts:
-            raise UsageError("--pictures: draws transcripts; give --transcripts N too")
-        check_output_path(args.pictures, "--pictures", directory=True)
+    check_evaluate_args(args)
     result = evaluate_run(args.run_id, args.dataset_file, runs_dir=runs_dir, mode=args.mode, device=args.device,
                           transcripts=args.transcripts)
     if args.pictures is not None:

@@ -122,6 +122,20 @@ def check_device_here(device: str, option: str = "--device") -> None:
         raise UsageError(f"{option} {device!r}: {e}") from None
 
 
+def check_evaluate_args(args: Any) -> None:
+    """``nipflow evaluate``'s file, device, transcript count and picture directory."""
+    if not Path(args.dataset_file).is_file():
+        what = "is a directory" if Path(args.dataset_file).is_dir() else "raw data file does not exist"
+        raise UsageError(f"--dataset-file {args.dataset_file}: {what}")
+    check_device_here(args.device)
+    if args.transcripts < 0:
+        raise UsageError(f"--transcripts {args.transcripts}: a number of pairs per class, 0 or more")
+    if args.pictures is not None:
+        if not args.transcripts:
+            raise UsageError("--pictures: draws transcripts; give --transcripts N too")
+        check_output_path(args.pictures, "--pictures", directory=True)
+
+
 def check_dataset(params: Any, data_dir: str, option: str = "--dataset") -> None:
     """The dataset of ``params`` is registered for its scenario (or, for graph isomorphism, cached)."""
     name = params.dataset

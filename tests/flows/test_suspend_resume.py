@@ -70,9 +70,10 @@ def test_suspended_run_is_resumed_by_the_watcher(fakes, tmp_path, subprocess_env
 
 
 def _entrypoint_modules() -> list[str]:
-    text = (REPO / "deployments" / "prefect.yaml").read_text()
-    return sorted({line.split(":", 1)[1].strip().rsplit(".", 1)[0] for line in text.splitlines()
-                   if line.strip().startswith("entrypoint:")})
+    import yaml
+
+    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
+    return sorted({d["entrypoint"].rsplit(".", 1)[0] for d in spec["deployments"]})
 
 
 def test_every_deployment_entrypoint_loads_without_the_torch_stack():
