@@ -2,7 +2,7 @@
 
 A sweep file is JSON::
 
-    {"title": "...", "description": "...",
+    {"title": "...", "description": "...", "baseline": "nip",
      "variants": {"nip": {"interaction_protocol": "nip"},
                   "zk_nip": {"interaction_protocol": "nip", "protocol_common.zero_knowledge": true}},
      "grid": {"seed": [1, 2, 3]}}
@@ -14,7 +14,9 @@ point is a ``train_experiment`` child flow run with its own run id ``<sweep-id>-
 the temporary local server whose history ``nipflow ui`` shows, like ``nipflow run``.
 Afterwards the comparison (mean ± std of the final verifier accuracy per variant, every
 run's value, a plot beside it) is written to ``--out``, with the command line and the
-sweep's wall time. Running a sweep again with the same id continues each point's run, as
+sweep's wall time, and a comparison card is printed. With ``baseline`` (a variant's name)
+both also give every other variant's difference from it, with its spread
+(:func:`nip_core.logging.comparison.differences`). Running a sweep again with the same id continues each point's run, as
 ``nipflow run --run-id`` does.
 """
 
@@ -58,10 +60,10 @@ def load_sweep_file(path: str) -> dict[str, Any]:
         raise SweepFileError(f"sweep file {path}: not valid JSON ({e})") from None
     if not isinstance(content, dict):
         raise SweepFileError(f"sweep file {path}: expected a JSON object")
-    unknown = sorted(set(content) - {"title", "description", "variants", "grid"})
+    unknown = sorted(set(content) - {"title", "description", "baseline", "variants", "grid"})
     if unknown:
         raise SweepFileError(f"sweep file {path}: unknown field {unknown[0]!r} "
-                             "(expected title, description, variants, grid)")
+                             "(expected title, description, baseline, variants, grid)")
     variants, grid = content.get("variants") or {}, content.get("grid") or {}
     if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
         raise SweepFileError(f"sweep file {path}: 'variants' must map names to objects of overrides")
@@ -69,14 +71,18 @@ def load_sweep_file(path: str) -> dict[str, Any]:
         raise SweepFileError(f"sweep file {path}: 'grid' must map dotted keys to non-empty lists")
     if not variants and not grid:
         raise SweepFileError(f"sweep file {path}: neither 'variants' nor 'grid' given: nothing to sweep")
+    baseline = content.get("baseline")
+    if baseline is not None and baseline not in variants:
+        raise SweepFileError(f"sweep file {path}: 'baseline' {baseline!r} is not one of the variants "
+                             f"{sorted(variants)}")
     return {"title": content.get("title") or Path(path).stem, "description": content.get("description", ""),
-            "variants": variants or None, "grid": grid}
+            "baseline": baseline, "variants": variants or None, "grid": grid}
 
 
 def cmd_sweep(args, settings_for) -> int:
     """Run the sweep, write the comparison, print its table; exit 1 if a point did not complete."""
     from nip_core.experiment import make_params
-    from nip_core.logging.comparison import collect, comparison_table, summary_rows, write_comparison
+    from nip_core.logging.comparison import collect, comparison_card, differences, summary_rows, write_comparison
     from nip_core.runs import RunStore, validate_run_id
 
     spec = load_sweep_file(args.sweep_file)
@@ -96,15 +102,30 @@ def cmd_sweep(args, settings_for) -> int:
     preamble = "\n".join([spec["description"], "",
                           f"Produced by `{command}` in {wall / 60:.1f} min of wall time "
                           f"({len(rows)} runs, sweep `{args.sweep_id}`).", ""])
-    path = write_comparison(store, labelled, out, title=spec["title"], preamble=preamble)
+    baseline = spec["baseline"]
+    path = write_comparison(store, labelled, out, title=spec["title"], preamble=preamble, baseline=baseline)
     groups = collect(store, labelled)
     if args.json:
+        found = [vars(d) for d in differences(groups, baseline)] if baseline else []
         print(json.dumps({"sweep_id": args.sweep_id, "wall_time_s": wall, "comparison": str(path),
-                          "groups": summary_rows(groups)}, indent=2))
+                          "groups": summary_rows(groups), "differences": found}, indent=2))
     else:
-        print(comparison_table(groups, text_runs=any(g.fine_tune_jobs for g in groups)))
-        print(f"comparison: {path}")
+        runs = ", ".join(row["run_id"] for row in rows)
+        extra = [("runs", f"{runs} (nipflow status RUN --runs-dir {shlex.quote(str(settings.runs_dir))})")]
+        ui = _prefect_ui(store, rows)
+        if ui:
+            extra.append(("Prefect UI", ui))
+        print(comparison_card(groups, title=args.sweep_id, wall_time_s=wall, out=str(path), baseline=baseline,
+                              extra=extra))
     return 0 if all(row["state"] == "Completed" for row in rows) else 1
+
+
+def _prefect_ui(store, rows: list[dict[str, Any]]) -> str | None:
+    """Where the points' flow runs are seen, as their result cards say (the first point's)."""
+    from nip_core.logging.result_card import result_card
+
+    first = rows[0]["run_id"] if rows else None
+    return result_card(store.open_run(first)).prefect_ui if first and store.exists(first) else None
 
 
 def _point_label(row: dict[str, Any], grid: dict[str, list[Any]]) -> str:

@@ -7,10 +7,17 @@ iteration's training rollouts where a run has no test loop (text runs with
 ``text_rl.test_scheme=none``); the report says which — and the
 table gives per group the mean, the sample standard deviation, the number of runs and
 every run's value, so a reader can see the spread behind the mean.
+
+A sweep that names a ``baseline`` variant (the main job: nip beside ``solo_verifier``) also
+gets, per other variant, the difference of its accuracy from the baseline's with a spread
+(:func:`differences`): over the seeds both ran (paired by seed) when there are two or more,
+the standard error of the two held-out estimates (binomial, over the test loop's episodes)
+when each ran once.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +37,9 @@ class GroupResult:
     #: per counted run: "test" (held-out test loop) or "train" (last iteration's rollouts)
     sources: list[str] = field(default_factory=list)
     train_accuracies: list[float] = field(default_factory=list)
+    #: per counted run: its seed, and the binomial standard error of its accuracy (None: unknown)
+    seeds: list[int] = field(default_factory=list)
+    standard_errors: list[float | None] = field(default_factory=list)
     wall_times_s: list[float] = field(default_factory=list)
     trained_tokens: list[int] = field(default_factory=list)
     fine_tune_jobs: list[int] = field(default_factory=list)
@@ -67,6 +77,9 @@ def collect(store: RunStore, labelled_runs: list[tuple[str, str]]) -> list[Group
             continue
         group.accuracies.append(float(accuracy))
         group.sources.append("test" if card.final_test_accuracy is not None else "train")
+        run = store.open_run(run_id)
+        group.seeds.append(int(run.params.seed))
+        group.standard_errors.append(_standard_error(run, float(accuracy), group.sources[-1]))
         if card.final_train_accuracy is not None:
             group.train_accuracies.append(float(card.final_train_accuracy))
         if card.total_wall_time_s is not None:
@@ -76,6 +89,110 @@ def collect(store: RunStore, labelled_runs: list[tuple[str, str]]) -> list[Group
         if card.fine_tune_jobs is not None:
             group.fine_tune_jobs.append(card.fine_tune_jobs)
     return list(groups.values())
+
+
+def _standard_error(run, accuracy: float, source: str) -> float | None:
+    """sqrt(p(1-p)/n) over the episodes of the run's last test loop (None for train accuracies)."""
+    if source != "test":
+        return None
+    tests = [r for r in run.read_metrics() if r.get("kind") == "test"]
+    episodes = tests[-1].get("test_num_episodes") if tests else None
+    if not isinstance(episodes, (int, float)) or episodes < 1:
+        return None
+    return math.sqrt(accuracy * (1.0 - accuracy) / episodes)
+
+
+@dataclass
+class Difference:
+    """``label``'s accuracy minus ``baseline``'s, with its spread and where the spread comes from."""
+
+    label: str
+    baseline: str
+    value: float
+    spread: float | None
+    #: "held-out" (one run each: standard error of the two held-out estimates), "seeds" (paired
+    #: by seed: std of the per-seed differences), "groups" (unpaired: standard error of the
+    #: difference of the means)
+    spread_kind: str
+    seeds: list[int] = field(default_factory=list)
+    per_seed: list[float] = field(default_factory=list)
+
+    def to_text(self) -> str:
+        spread = "" if self.spread is None else f" ± {self.spread:.3f}"
+        how = {"seeds": f"std over {len(self.per_seed)} seeds, paired: "
+                        + ", ".join(f"{d:+.3f}" for d in self.per_seed),
+               "held-out": "one run each: standard error of the two held-out estimates",
+               "groups": "unpaired: standard error of the difference of the means"}[self.spread_kind]
+        return f"{self.value:+.3f}{spread} ({how})"
+
+
+def differences(groups: list[GroupResult], baseline: str) -> list[Difference]:
+    """Every other group's mean accuracy minus ``baseline``'s, with a spread.
+
+    With one run each: the difference of the two runs, ± sqrt(se_a² + se_b²) of their
+    held-out estimates. Groups that ran the same two or more seeds, each once, are paired by
+    seed: ± the sample std of the per-seed differences. Otherwise unpaired: ± the standard
+    error of the difference of the means (a one-run group's part is its held-out standard
+    error). A group without any counted run gets no difference.
+    """
+    base = next((g for g in groups if g.label == baseline), None)
+    if base is None:
+        raise ValueError(f"baseline {baseline!r} is not one of the variants {[g.label for g in groups]}")
+    result = []
+    for g in groups:
+        if g is base or not g.accuracies or not base.accuracies:
+            continue
+        if len(g.accuracies) == len(base.accuracies) == 1:
+            errors = (g.standard_errors[0], base.standard_errors[0])
+            spread = None if None in errors else math.hypot(*errors)
+            result.append(Difference(g.label, baseline, g.accuracies[0] - base.accuracies[0], spread, "held-out",
+                                     g.seeds + base.seeds, [g.accuracies[0] - base.accuracies[0]]))
+        elif _same_unique_seeds(g, base):
+            by_seed = dict(zip(base.seeds, base.accuracies))
+            diffs = [a - by_seed[s] for s, a in zip(g.seeds, g.accuracies)]
+            result.append(Difference(g.label, baseline, statistics.fmean(diffs), statistics.stdev(diffs), "seeds",
+                                     list(g.seeds), diffs))
+        else:
+            parts = [_standard_error_of_mean(g), _standard_error_of_mean(base)]
+            spread = None if None in parts else math.hypot(*parts)
+            result.append(Difference(g.label, baseline, g.mean - base.mean, spread, "groups"))
+    return result
+
+
+def _same_unique_seeds(a: GroupResult, b: GroupResult) -> bool:
+    return len(set(a.seeds)) == len(a.seeds) == len(b.seeds) and set(a.seeds) == set(b.seeds)
+
+
+def _standard_error_of_mean(g: GroupResult) -> float | None:
+    return g.standard_errors[0] if len(g.accuracies) == 1 else g.std / math.sqrt(len(g.accuracies))
+
+
+def comparison_card(groups: list[GroupResult], *, title: str, wall_time_s: float, out: str,
+                    baseline: str | None = None, extra: list[tuple[str, str]] = ()) -> str:
+    """The terminal card of a sweep: each variant's accuracy, the differences from ``baseline``, wall time."""
+    rows: list[tuple[str, str]] = []
+    for g in groups:
+        if g.mean is None:
+            rows.append((g.label, "no completed run: " + ", ".join(g.failed)))
+            continue
+        if len(g.accuracies) == 1:
+            se = g.standard_errors[0]
+            acc = f"{g.accuracies[0]:.3f}" + ("" if se is None else f" ± {se:.3f} (s.e.)")
+        else:
+            acc = f"{g.mean:.3f} ± {g.std:.3f} (std over {len(g.accuracies)} runs)"
+        source = "held-out" if set(g.sources) == {"test"} else "final"
+        train = f", train {statistics.fmean(g.train_accuracies):.3f}" if g.train_accuracies else ""
+        wall = f", {statistics.fmean(g.wall_times_s) / 60:.1f} min per run" if g.wall_times_s else ""
+        failed = f" (not counted: {', '.join(g.failed)})" if g.failed else ""
+        rows.append((g.label, f"{source} {acc}{train}{wall}{failed}"))
+    for d in differences(groups, baseline) if baseline else []:
+        rows.append((f"{d.label} − {d.baseline}", d.to_text()))
+    rows += [("wall time", f"{wall_time_s / 60:.1f} min in all"), *extra, ("comparison", out)]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    rule = min(max(len(line) for line in lines), 100)
+    head = f"── Comparison: {title} "
+    return "\n".join([head + "─" * max(rule - len(head), 3), *lines, "─" * rule])
 
 
 def _pm(group: GroupResult) -> str:
@@ -141,7 +258,7 @@ def plot_comparison(groups: list[GroupResult], path: Path, title: str, *, chance
 
 
 def write_comparison(store: RunStore, labelled_runs: list[tuple[str, str]], out: str | Path, *,
-                     title: str, preamble: str = "") -> Path:
+                     title: str, preamble: str = "", baseline: str | None = None) -> Path:
     """Write the markdown file ``out`` (the table under ``preamble``) and the plot beside it.
 
     The plot is ``out`` with the suffix ``.png``; the markdown links it by file name.
@@ -155,13 +272,24 @@ def write_comparison(store: RunStore, labelled_runs: list[tuple[str, str]], out:
     plot_comparison(groups, plot, title)
     text = "\n".join([f"# {title}", "", preamble.strip(), "", accuracy_source(groups), "",
                       comparison_table(groups, text_runs=text_runs), "",
+                      *difference_lines(groups, baseline),
                       f"![final verifier accuracy per variant]({plot.name})", ""])
     path.write_text(text)
     return path
 
 
+def difference_lines(groups: list[GroupResult], baseline: str | None) -> list[str]:
+    """Markdown bullets of the differences from ``baseline`` (none without one)."""
+    if not baseline:
+        return []
+    found = differences(groups, baseline)
+    return [f"Difference from `{baseline}`:", "",
+            *[f"* {d.label}: {d.to_text()}" for d in found], ""] if found else []
+
+
 def summary_rows(groups: list[GroupResult]) -> list[dict[str, Any]]:
     """One JSON-serialisable row per group (for ``--json``)."""
     return [{"variant": g.label, "mean": g.mean, "std": g.std, "n": len(g.accuracies),
-             "accuracies": g.accuracies, "sources": g.sources, "run_ids": g.run_ids, "failed": g.failed}
+             "accuracies": g.accuracies, "sources": g.sources, "seeds": g.seeds,
+             "standard_errors": g.standard_errors, "run_ids": g.run_ids, "failed": g.failed}
             for g in groups]

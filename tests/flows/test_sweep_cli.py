@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -36,6 +37,8 @@ def test_points_are_every_variant_with_every_grid_point_in_order():
     ({"variants": {"a": "nip"}}, "'variants' must map names to objects"),
     ({"grid": {"seed": []}}, "'grid' must map dotted keys to non-empty lists"),
     ({"title": "nothing"}, "nothing to sweep"),
+    ({"variants": {"nip": {}}, "baseline": "solo"}, "'baseline' 'solo' is not one of the variants \\['nip'\\]"),
+    ({"grid": {"seed": [1]}, "baseline": "solo"}, "'baseline' 'solo' is not one of the variants"),
 ])
 def test_bad_sweep_files_are_refused_naming_file_and_field(tmp_path, content, message):
     path = write(tmp_path, content)
@@ -64,9 +67,10 @@ def test_a_sweep_trains_every_point_through_prefect_and_writes_the_comparison(pr
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
+    from nip_core.logging.result_card import result_card
     from nip_core.runs import RunStore
 
-    spec = write(tmp_path, {"title": "Two protocols", "description": "A tiny check.",
+    spec = write(tmp_path, {"title": "Two protocols", "description": "A tiny check.", "baseline": "solo",
                             "variants": {"nip": {"interaction_protocol": "nip"},
                                          "solo": {"interaction_protocol": "solo_verifier"}},
                             "grid": {"seed": [1, 2]}})
@@ -90,7 +94,15 @@ def test_a_sweep_trains_every_point_through_prefect_and_writes_the_comparison(pr
     rows = [line for line in text.splitlines() if line.startswith("| nip |") or line.startswith("| solo |")]
     assert [row.split(" | ")[2] for row in rows] == ["2", "2"]  # n runs counted per variant
     assert (tmp_path / "results" / "two.png").stat().st_size > 0
-    assert "comparison: " + str(out) in printed
+    card = printed.splitlines()
+    assert card[0].startswith("── Comparison: tiny ──")
+    accuracy = {r: result_card(store.open_run(r)).final_test_accuracy for r in run_ids}
+    per_seed = [accuracy["tiny-000"] - accuracy["tiny-002"], accuracy["tiny-001"] - accuracy["tiny-003"]]
+    difference = (f"{statistics.fmean(per_seed):+.3f} ± {statistics.stdev(per_seed):.3f} (std over 2 seeds, "
+                  f"paired: {per_seed[0]:+.3f}, {per_seed[1]:+.3f})")
+    assert f"nip − solo  {difference}" in card
+    assert f"* nip: {difference}" in text.splitlines()
+    assert f"comparison  {out}" in card and "runs        tiny-000, tiny-001, tiny-002, tiny-003 (" in printed
     with get_client(sync_client=True) as client:
         flow_runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["sweep"])))
     assert any(run.state.is_completed() and run.parameters.get("sweep_id") == "tiny" for run in flow_runs)
