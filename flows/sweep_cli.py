@@ -16,8 +16,8 @@ Afterwards the comparison (mean ± std of the final verifier accuracy per varian
 run's value, a plot beside it) is written to ``--out``, with the command line and the
 sweep's wall time, and a comparison card is printed. With ``baseline`` (a variant's name)
 both also give every other variant's difference from it, with its spread
-(:func:`nip_core.logging.comparison.differences`). Running a sweep again with the same id continues each point's run, as
-``nipflow run --run-id`` does.
+(:func:`nip_core.logging.comparison.differences`). Running a sweep again with the same id
+continues each point's run, as ``nipflow run --run-id`` does.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def load_sweep_file(path: str) -> dict[str, Any]:
 
 
 def cmd_sweep(args, settings_for) -> int:
-    """Run the sweep, write the comparison, print its table; exit 1 if a point did not complete."""
+    """Run the sweep, write the comparison, print its card; exit 1 if a point did not complete."""
     from nip_core.experiment import make_params
     from nip_core.logging.comparison import collect, comparison_card, differences, summary_rows, write_comparison
     from nip_core.runs import RunStore, validate_run_id
