@@ -5,8 +5,8 @@ iterations), through the temporary local Prefect server, one torch thread. The c
 must stay honest:
 
 * the two runs differ only in the protocol: same verifier, same budget, same seed and data;
-* the data stays hard for this verifier: alone it stays under its ceiling of 0.65 (plus a
-  margin), while it learns above chance — if ``wl-small`` became easy, or the verifier
+* the data stays hard for this verifier: alone it stays under its ceiling of 0.65, while it
+  learns above chance — if ``wl-small`` became easy, or the verifier
   strong, the main job would show a difference that says nothing about interactive proofs;
 * the card's accuracies and their difference are exactly those of the run store.
 
