@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nip_core.logging.result_card import result_card
+from nip_core.logging.result_card import result_card, terminal_card
 from nip_core.runs import RunStore
 
 
@@ -70,14 +70,14 @@ def collect(store: RunStore, labelled_runs: list[tuple[str, str]]) -> list[Group
         if not store.exists(run_id):
             group.failed.append(f"{run_id} (not in the run store)")
             continue
-        card = result_card(store.open_run(run_id))
+        run = store.open_run(run_id)
+        card = result_card(run)
         accuracy = card.final_test_accuracy if card.final_test_accuracy is not None else card.final_train_accuracy
         if card.status != "completed" or accuracy is None:
             group.failed.append(f"{run_id} ({card.status})")
             continue
         group.accuracies.append(float(accuracy))
         group.sources.append("test" if card.final_test_accuracy is not None else "train")
-        run = store.open_run(run_id)
         group.seeds.append(int(run.params.seed))
         group.standard_errors.append(_standard_error(run, float(accuracy), group.sources[-1]))
         if card.final_train_accuracy is not None:
@@ -114,6 +114,7 @@ class Difference:
     #: by seed: std of the per-seed differences), "groups" (unpaired: standard error of the
     #: difference of the means)
     spread_kind: str
+    #: the seeds of the paired runs and their differences (empty seeds: the runs are not paired)
     seeds: list[int] = field(default_factory=list)
     per_seed: list[float] = field(default_factory=list)
 
@@ -145,8 +146,9 @@ def differences(groups: list[GroupResult], baseline: str) -> list[Difference]:
         if len(g.accuracies) == len(base.accuracies) == 1:
             errors = (g.standard_errors[0], base.standard_errors[0])
             spread = None if None in errors else math.hypot(*errors)
+            paired = g.seeds if g.seeds == base.seeds else []  # the seed both ran, if they ran one
             result.append(Difference(g.label, baseline, g.accuracies[0] - base.accuracies[0], spread, "held-out",
-                                     g.seeds + base.seeds, [g.accuracies[0] - base.accuracies[0]]))
+                                     list(paired), [g.accuracies[0] - base.accuracies[0]]))
         elif _same_unique_seeds(g, base):
             by_seed = dict(zip(base.seeds, base.accuracies))
             diffs = [a - by_seed[s] for s, a in zip(g.seeds, g.accuracies)]
@@ -188,11 +190,7 @@ def comparison_card(groups: list[GroupResult], *, title: str, wall_time_s: float
     for d in differences(groups, baseline) if baseline else []:
         rows.append((f"{d.label} − {d.baseline}", d.to_text()))
     rows += [("wall time", f"{wall_time_s / 60:.1f} min in all"), *extra, ("comparison", out)]
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
-    rule = min(max(len(line) for line in lines), 100)
-    head = f"── Comparison: {title} "
-    return "\n".join([head + "─" * max(rule - len(head), 3), *lines, "─" * rule])
+    return terminal_card(f"Comparison: {title}", rows)
 
 
 def _pm(group: GroupResult) -> str:

@@ -111,12 +111,7 @@ class ResultCard:
 
     def to_text(self) -> str:
         """A compact card for the terminal: a title rule, aligned lines, a closing rule."""
-        rows = self._rows()
-        width = max(len(k) for k, _ in rows)
-        lines = [f"{k:<{width}}  {v}" for k, v in rows]
-        rule_len = min(max(len(line) for line in lines), 100)
-        title = f"── Result card: {self.run_id} "
-        return "\n".join([title + "─" * max(rule_len - len(title), 3), *lines, "─" * rule_len])
+        return terminal_card(f"Result card: {self.run_id}", self._rows())
 
     def to_markdown(self) -> str:
         """The card as markdown; the first line is ``# Result card: <run_id>``."""
@@ -135,6 +130,15 @@ class ResultCard:
                       f"{'' if j.trained_tokens is None else j.trained_tokens} |" for j in self.jobs]
         lines.append("")
         return "\n".join(lines)
+
+
+def terminal_card(title: str, rows: list[tuple[str, str]]) -> str:
+    """``rows`` as aligned ``key  value`` lines between a rule titled ``title`` and a closing rule."""
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    rule_len = min(max(len(line) for line in lines), 100)
+    head = f"── {title} "
+    return "\n".join([head + "─" * max(rule_len - len(head), 3), *lines, "─" * rule_len])
 
 
 def _md_cell(text: str) -> str:

@@ -34,10 +34,11 @@ def test_seeds_in_both_groups_are_paired_and_the_spread_is_the_std_of_their_diff
 def test_one_seed_each_gives_the_standard_error_of_the_two_held_out_estimates():
     [d] = differences([group("solo", [0.60], [8144], [0.03]), group("nip", [0.56], [8144], [0.04])], "solo")
     assert (d.label, d.baseline, d.spread_kind) == ("nip", "solo", "held-out")
-    assert d.value == pytest.approx(-0.04) and d.spread == pytest.approx(0.05)
+    assert d.value == pytest.approx(-0.04) and d.spread == pytest.approx(0.05) and d.seeds == [8144]
     assert d.to_text() == "-0.040 ± 0.050 (one run each: standard error of the two held-out estimates)"
     [d] = differences([group("solo", [0.60], [1], [0.03]), group("nip", [0.56], [2], [0.04])], "solo")
     assert (d.spread_kind, d.spread) == ("held-out", pytest.approx(0.05))  # one run each, whatever the seeds
+    assert d.seeds == []  # but not paired
 
 
 def test_unmatched_or_repeated_seeds_are_compared_unpaired():
