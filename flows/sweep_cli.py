@@ -16,8 +16,13 @@ Afterwards the comparison (mean ± std of the final verifier accuracy per varian
 run's value, a plot beside it) is written to ``--out``, with the command line and the
 sweep's wall time, and a comparison card is printed. With ``baseline`` (a variant's name)
 both also give every other variant's difference from it, with its spread
-(:func:`nip_core.logging.comparison.differences`). Running a sweep again with the same id
-continues each point's run, as ``nipflow run --run-id`` does.
+(:func:`nip_core.logging.comparison.differences`). ``--evaluate DATASET_FILE`` (graph
+isomorphism, repeatable) then tests every completed point's final checkpoint on that file,
+every pair once, and adds a section per file to the comparison: accuracy per variant, the
+differences from the baseline, accuracy by WL score and a plot of it
+(:mod:`nip_core.logging.held_out`); a file that cannot be read is refused before anything
+trains. Running a sweep again with the same id continues each point's run, as ``nipflow run
+--run-id`` does; on a finished sweep that only re-reads the runs (and evaluates them).
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ def add_sweep_parser(sub, add_run_options) -> None:
     sweep.add_argument("--sweep-id", required=True, help="prefix of the points' run ids")
     sweep.add_argument("--out", help="markdown file of the comparison (the plot is written beside it, "
                                      "as .png); default <runs_dir>/<sweep-id>-comparison.md")
+    sweep.add_argument("--evaluate", action="append", default=[], metavar="DATASET_FILE",
+                       help="after the sweep, test every point's final checkpoint on this graph-isomorphism "
+                            "data.pt too (every pair once; accuracy and accuracy by WL score in the comparison; "
+                            "repeatable)")
     add_run_options(sweep)
 
 
@@ -83,6 +92,7 @@ def cmd_sweep(args, settings_for) -> int:
     """Run the sweep, write the comparison, print its card; exit 1 if a point did not complete."""
     from nip_core.experiment import make_params
     from nip_core.logging.comparison import collect, comparison_card, differences, summary_rows, write_comparison
+    from nip_core.logging.held_out import held_out_card_row
     from nip_core.runs import RunStore, validate_run_id
 
     spec = load_sweep_file(args.sweep_file)
@@ -93,31 +103,92 @@ def cmd_sweep(args, settings_for) -> int:
     out = args.out or str(Path(settings.runs_dir) / f"{args.sweep_id}-comparison.md")
     if Path(out).suffix != ".md":
         raise SweepFileError(f"--out {out}: expected a markdown file name ending in .md")
+    _check_evaluate_files(args.evaluate, base_params)
     started = time.monotonic()
     rows = run_sweep_through_prefect(base_params, settings, spec)
     wall = time.monotonic() - started
     store = RunStore(settings.runs_dir)
     labelled = [(row.get("variant") or _point_label(row, spec["grid"]), row["run_id"]) for row in rows]
     command = "nipflow " + " ".join(shlex.quote(a) for a in args.command_line)
+    groups = collect(store, labelled)
+    trained = sum(t for g in groups for t in g.wall_times_s)
     preamble = "\n".join([spec["description"], "",
                           f"Produced by `{command}` in {wall / 60:.1f} min of wall time "
-                          f"({len(rows)} runs, sweep `{args.sweep_id}`).", ""])
+                          f"({len(rows)} runs, sweep `{args.sweep_id}`); the runs' own wall times, over every "
+                          f"invocation that trained them, add up to {trained / 60:.1f} min.", ""])
     baseline = spec["baseline"]
     path = write_comparison(store, labelled, out, title=spec["title"], preamble=preamble, baseline=baseline)
-    groups = collect(store, labelled)
+    counted = {run_id for g in groups for run_id in g.counted}
+    evaluations = [(file, evaluate_points(store, [(label, r) for label, r in labelled if r in counted], file))
+                   for file in args.evaluate]
+    _append_held_out_sections(path, evaluations, baseline)
     if args.json:
         found = [vars(d) for d in differences(groups, baseline)] if baseline else []
         print(json.dumps({"sweep_id": args.sweep_id, "wall_time_s": wall, "comparison": str(path),
-                          "groups": summary_rows(groups), "differences": found}, indent=2))
+                          "groups": summary_rows(groups), "differences": found,
+                          "evaluations": [_evaluation_json(file, results, baseline)
+                                          for file, results in evaluations]}, indent=2))
     else:
         runs = ", ".join(row["run_id"] for row in rows)
-        extra = [("runs", f"{runs} (nipflow status RUN --runs-dir {shlex.quote(str(settings.runs_dir))})")]
+        extra = [held_out_card_row(results, file, k) for k, (file, results) in enumerate(evaluations, 1) if results]
+        extra.append(("runs", f"{runs} (nipflow status RUN --runs-dir {shlex.quote(str(settings.runs_dir))})"))
         ui = _prefect_ui(store, rows)
         if ui:
             extra.append(("Prefect UI", ui))
         print(comparison_card(groups, title=args.sweep_id, wall_time_s=wall, out=str(path), baseline=baseline,
                               extra=extra))
     return 0 if all(row["state"] == "Completed" for row in rows) else 1
+
+
+def _check_evaluate_files(files: list[str], base_params) -> None:
+    """Refuse, before anything trains, an ``--evaluate`` file that cannot be read or a non-GI base."""
+    if not files:
+        return
+    from nip_core.scenarios.graph_isomorphism.original_format import read_dataset_file
+    from nip_core.scenarios.graph_isomorphism.raw_data import GraphIsomorphismDataError
+
+    if base_params.scenario != "graph_isomorphism":
+        raise SweepFileError(f"--evaluate: tests graph-isomorphism runs on a dataset file; this sweep's scenario is "
+                             f"{base_params.scenario}")
+    for file in files:
+        try:
+            read_dataset_file(file)
+        except GraphIsomorphismDataError as error:
+            raise SweepFileError(f"--evaluate {file}: {error}") from None
+
+
+def evaluate_points(store, labelled: list[tuple[str, str]], dataset_file: str) -> list[tuple[str, int, dict]]:
+    """``(label, seed, evaluate_run's result)`` of every completed point on ``dataset_file``."""
+    from nip_core.evaluation import evaluate_run
+
+    return [(label, int(store.open_run(run_id).params.seed), evaluate_run(run_id, dataset_file, str(store.base)))
+            for label, run_id in labelled]
+
+
+def _append_held_out_sections(path: Path, evaluations, baseline: str | None) -> None:
+    from nip_core.logging.held_out import held_out_section, plot_by_wl_score
+
+    lines: list[str] = []
+    for k, (file, results) in enumerate(evaluations, 1):
+        if not results:
+            lines += [f"## Held-out file `{file}`", "", "No completed run to evaluate.", ""]
+            continue
+        plot = path.with_name(f"{path.stem}-heldout-{k}.png")
+        drawn = plot_by_wl_score(results, plot, f"accuracy by WL score: {Path(file).name}")
+        lines += held_out_section(results, dataset_file=file, baseline=baseline, plot_name=plot.name if drawn else None)
+    if lines:
+        path.write_text(path.read_text().rstrip("\n") + "\n\n" + "\n".join(lines))
+
+
+def _evaluation_json(file: str, results, baseline: str | None) -> dict[str, Any]:
+    from nip_core.logging.comparison import differences, summary_rows
+    from nip_core.logging.held_out import accuracy_by_wl_score, held_out_groups
+
+    groups = held_out_groups(results)
+    _, counts, means = accuracy_by_wl_score(results)
+    return {"dataset_file": file, "groups": summary_rows(groups),
+            "differences": [vars(d) for d in differences(groups, baseline)] if baseline and groups else [],
+            "pairs_by_wl_score": counts, "accuracy_by_wl_score": means}
 
 
 def _prefect_ui(store, rows: list[dict[str, Any]]) -> str | None:

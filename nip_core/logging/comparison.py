@@ -33,6 +33,8 @@ class GroupResult:
 
     label: str
     run_ids: list[str] = field(default_factory=list)
+    #: the runs counted in the statistics (completed, with an accuracy), in order
+    counted: list[str] = field(default_factory=list)
     accuracies: list[float] = field(default_factory=list)
     #: per counted run: "test" (held-out test loop) or "train" (last iteration's rollouts)
     sources: list[str] = field(default_factory=list)
@@ -76,6 +78,7 @@ def collect(store: RunStore, labelled_runs: list[tuple[str, str]]) -> list[Group
         if card.status != "completed" or accuracy is None:
             group.failed.append(f"{run_id} ({card.status})")
             continue
+        group.counted.append(run_id)
         group.accuracies.append(float(accuracy))
         group.sources.append("test" if card.final_test_accuracy is not None else "train")
         group.seeds.append(int(run.params.seed))
