@@ -73,7 +73,7 @@ class ParamsModel(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        validate_assignment=True,
+        frozen=True,  # built once and shared (HyperParameters.from_dict): never changed in place
         validate_default=True,
         protected_namespaces=(),
     )

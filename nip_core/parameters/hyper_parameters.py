@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections import OrderedDict
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, model_validator
@@ -253,10 +255,20 @@ class HyperParameters(ParamsModel):
         restore): fields its trainer does not read are not refused, so that runs made before
         that refusal keep loading and resuming.
         """
+        key = _build_key(data, stored)
+        built = _BUILT.get(key) if key is not None else None
+        if built is not None and type(built) is cls:
+            return built
         try:
-            return cls.model_validate(data, context={"stored": True} if stored else None)
+            hp = cls.model_validate(data, context={"stored": True} if stored else None)
         except ValidationError as e:
             raise ParameterError(problems_from_validation_error(e), source) from None
+        if key is not None:
+            # what the tree writes out builds the same object; a tree valid for a new run is
+            # valid as a stored one (stored only relaxes refusals), not the other way round
+            _BUILT.remember([key, *(_build_key(hp.to_dict(), mode) for mode in ((True,) if stored else (False, True)))],
+                            hp)
+        return hp
 
     def to_json(self) -> str:
         return canonical_json(self.to_dict())
@@ -270,6 +282,43 @@ class HyperParameters(ParamsModel):
     @property
     def is_text_scenario(self) -> bool:
         return is_text_trainer(self.trainer)
+
+
+class _BuiltParameters:
+    """The ``HyperParameters`` this process built, by the canonical JSON of their input (bounded).
+
+    ``from_dict`` validates a parameter tree once per process: the CLI's, the flow's and every
+    task's copy of one run's parameters (``RunSpec.params``) are the same object, which is safe
+    because parameters are immutable (``ParamsModel`` is frozen).
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self._size, self._items, self._lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key: str) -> "HyperParameters | None":
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def remember(self, keys: list[str], hp: "HyperParameters") -> None:
+        with self._lock:
+            for key in keys:
+                self._items[key] = hp
+                self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+
+_BUILT = _BuiltParameters()
+
+
+def _build_key(data: Any, stored: bool) -> str | None:
+    try:
+        return ("stored:" if stored else "new:") + canonical_json(data)
+    except (TypeError, ValueError):  # not a JSON tree (e.g. a model instance): validate every time
+        return None
 
 
 def canonical_json(data: Any) -> str:

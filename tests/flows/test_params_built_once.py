@@ -1,0 +1,70 @@
+"""The parameters of a run are validated once per process, however many layers carry them.
+
+``nipflow run`` builds ``HyperParameters`` from the file and the overrides; the flow gets them
+as flow parameters, the RL blocks and tasks as ``RunSpec.params``, the run store reads them
+back from ``hyper_params.json``. Every one of those conversions returns the object built first
+(``HyperParameters.from_dict`` keeps what this process built, keyed by the tree's canonical
+JSON; the parameters are immutable, so sharing them is safe).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+
+from flows.cli import main
+from nip_core.parameters import HyperParameters
+
+# a seed no other test uses, so that this process has not built these parameters before
+_SEEDS = itertools.count(900_000 + os.getpid() % 1000 * 100)
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """Every ``HyperParameters.model_validate`` call in the test, as (data, context) pairs."""
+    calls = []
+    original = HyperParameters.model_validate.__func__
+
+    def counting(cls, obj, *args, **kwargs):
+        calls.append((obj, kwargs.get("context")))
+        return original(cls, obj, *args, **kwargs)
+
+    monkeypatch.setattr(HyperParameters, "model_validate", classmethod(counting))
+    return calls
+
+
+@pytest.mark.slow
+def test_a_run_through_prefect_validates_its_parameters_once(prefect_server, tmp_path, validations, one_thread,
+                                                               capsys):
+    from nip_core.runs import RunStore
+
+    seed = next(_SEEDS)
+    argv = ["run", "graph_isomorphism", "vanilla_ppo", "--params", "configs/gi_nip_ppo_small.json",
+            "--set", "dataset=test", "--set", "rl.num_iterations=2", "--set", "rl.frames_per_batch=64",
+            "--set", "rl.minibatch_size=32", "--set", "rl.num_test_iterations=1", "--set", f"seed={seed}",
+            "--checkpoint-every", "1", "--runs-dir", str(tmp_path), "--run-id", "once", "--no-wandb",
+            "--progress", "off"]
+    assert main(argv) == 0
+    assert "status          completed" in capsys.readouterr().out
+    # the CLI's build; the flow, its two RL blocks, their tasks and the run store reuse it
+    assert len(validations) == 1 and validations[0][0]["seed"] == seed
+    stored = RunStore(str(tmp_path)).load_params("once")
+    assert len(validations) == 1 and stored.seed == seed
+    # a different tree is validated (and refused) as before
+    with pytest.raises(Exception, match="rl.lr"):
+        HyperParameters.from_dict({**stored.to_dict(), "rl": {**stored.to_dict()["rl"], "lr": -1.0}})
+    assert len(validations) == 2
+
+
+def test_the_same_tree_gives_the_same_object_and_a_stored_build_does_not_stand_for_a_new_one():
+    seed = next(_SEEDS)
+    data = {"scenario": "graph_isomorphism", "trainer": "vanilla_ppo", "dataset": "test", "seed": seed}
+    hp = HyperParameters.from_dict(data)
+    assert HyperParameters.from_dict(dict(data)) is hp
+    assert HyperParameters.from_dict(hp.to_dict()) is hp  # what it writes out
+    assert HyperParameters.from_dict(hp.to_dict(), stored=True) is hp  # read back from a run store
+    other = {**data, "seed": next(_SEEDS)}
+    from_store = HyperParameters.from_dict(other, stored=True)
+    assert HyperParameters.from_dict(other) is not from_store  # a new run validates with every refusal
