@@ -40,6 +40,7 @@ from nip_core.parameters.scenario import (
     DatasetParameters,
     MessageRegressionParameters,
 )
+from nip_core.parameters.trainer_specs import generation as trainer_specs_generation
 from nip_core.parameters.trainer_specs import is_text_trainer, registered_trainer_names, unknown_trainer_message
 from nip_core.parameters.trainers import (
     BaseRunParameters,
@@ -315,8 +316,9 @@ _BUILT = _BuiltParameters()
 
 
 def _build_key(data: Any, stored: bool) -> str | None:
+    # the trainer names' declarations are part of what validation checks
     try:
-        return ("stored:" if stored else "new:") + canonical_json(data)
+        return f"{'stored' if stored else 'new'}:{trainer_specs_generation()}:{canonical_json(data)}"
     except (TypeError, ValueError):  # not a JSON tree (e.g. a model instance): validate every time
         return None
 

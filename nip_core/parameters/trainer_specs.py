@@ -71,14 +71,31 @@ class UnknownTrainerError(KeyError):
         return self.args[0]
 
 
+# Bumped whenever a name's answers change (a name dropped, or declared again otherwise): the
+# parameters built before then are validated again (HyperParameters.from_dict keys on it).
+_GENERATION = 0
+
+
 def declare(spec: TrainerSpec) -> None:
     """Record what the class registered as ``spec.name`` declared (``@register_trainer`` calls it)."""
+    global _GENERATION
+    before = _SPECS.get(spec.name) or BUILT_IN_TRAINERS.get(spec.name)
+    if before is not None and (before.kind, before.needs_critic, before.critic_switch) != (
+            spec.kind, spec.needs_critic, spec.critic_switch):
+        _GENERATION += 1
     _SPECS[spec.name] = spec
 
 
 def forget(name: str) -> None:
     """Drop ``name``'s declaration (a trainer unregistered by a test or a plug-in)."""
-    _SPECS.pop(name, None)
+    global _GENERATION
+    if _SPECS.pop(name, None) is not None:
+        _GENERATION += 1
+
+
+def generation() -> int:
+    """A number that changes whenever what a registered name declares changes."""
+    return _GENERATION
 
 
 def declared(name: str) -> TrainerSpec | None:

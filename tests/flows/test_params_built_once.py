@@ -56,15 +56,3 @@ def test_a_run_through_prefect_validates_its_parameters_once(prefect_server, tmp
     with pytest.raises(Exception, match="rl.lr"):
         HyperParameters.from_dict({**stored.to_dict(), "rl": {**stored.to_dict()["rl"], "lr": -1.0}})
     assert len(validations) == 2
-
-
-def test_the_same_tree_gives_the_same_object_and_a_stored_build_does_not_stand_for_a_new_one():
-    seed = next(_SEEDS)
-    data = {"scenario": "graph_isomorphism", "trainer": "vanilla_ppo", "dataset": "test", "seed": seed}
-    hp = HyperParameters.from_dict(data)
-    assert HyperParameters.from_dict(dict(data)) is hp
-    assert HyperParameters.from_dict(hp.to_dict()) is hp  # what it writes out
-    assert HyperParameters.from_dict(hp.to_dict(), stored=True) is hp  # read back from a run store
-    other = {**data, "seed": next(_SEEDS)}
-    from_store = HyperParameters.from_dict(other, stored=True)
-    assert HyperParameters.from_dict(other) is not from_store  # a new run validates with every refusal
