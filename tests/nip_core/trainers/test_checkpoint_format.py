@@ -27,6 +27,7 @@ from nip_core.trainers.checkpoint_format import (
 from nip_core.trainers.checkpoint_legacy import convert_pickled_checkpoint, is_pickled, main
 from nip_core.trainers.solo_agent import SoloAgentTrainer
 from nip_core.trainers.warm_start import prepare_warm_start
+from tests.run_files import trainer_owned
 from tests.nip_core.trainers.gi_helpers import (
     make_trainer, params_of, plant_checkpoint, settings_for, tiny_params, tiny_scenario,
 )
@@ -164,20 +165,6 @@ def test_old_pickled_checkpoint_resumes_bit_identically_with_a_warning_naming_it
     assert is_checkpoint_format(final)
     straight_final = (tmp_path / "a" / "r" / "checkpoints" / "iter_000004.pt").read_bytes()
     assert_same(*(trainer_owned(read_checkpoint(data, source="test")) for data in (final, straight_final)))
-
-
-def trainer_owned(state: dict) -> dict:
-    """A trainer checkpoint's state less Python's and numpy's global RNG states.
-
-    Those two are saved (and restored) for code that draws from them, but no trainer does:
-    other threads of the process do — Prefect's service loops and botocore's retries draw
-    jitter from ``random`` — so in a test process that earlier tests left such threads in,
-    they move between two runs, and the two checkpoints' bytes with them.
-    """
-    rng = dict(state["rng"])
-    assert {"python", "numpy"} <= set(rng)
-    del rng["python"], rng["numpy"]
-    return {**state, "rng": rng}
 
 
 def test_a_checkpoint_restores_the_global_python_and_numpy_rng_states_it_holds(tmp_path, monkeypatch):
