@@ -66,23 +66,14 @@ def one_thread():
 
 
 def pytest_collection_modifyitems(items):
-    """The order the parallel suite runs in: the ``long`` tests first, longest first, then the
-    end-to-end tests, then the other slow ones, then the rest (file order within each group),
-    dealt round-robin to the xdist workers.
+    """The order the parallel suite runs in: whole modules per xdist worker, their long tests
+    first (``tests/xdist_order.py``). Every worker computes the same order."""
+    from xdist_order import deal, timed
 
-    ``scripts/run_tests.sh`` runs the suite on every core with xdist's work stealing: each
-    worker starts with a contiguous share of this order, and an idle one takes over the
-    tail of a busy one's queue. Dealing the order round-robin into those shares gives every
-    worker its part of the long tests at its start, so that none is left to run last; the
-    short tests at the tails fill the gaps. Every worker computes the same order.
-    """
-    def weight(item):
+    def info(item):
         long = item.get_closest_marker("long")
-        if long is not None:
-            return (0, -float(long.args[0]))
-        return (1 if item.get_closest_marker("e2e") else 2 if item.get_closest_marker("slow") else 3, 0.0)
+        return timed(item.nodeid.split("::")[0], long.args[0] if long is not None else None,
+                         item.get_closest_marker("e2e") is not None, item.get_closest_marker("slow") is not None)
 
-    items.sort(key=weight)  # stable: file order within each group
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1:
-        items[:] = [item for share in range(workers) for item in items[share::workers]]
+    items[:] = deal(items, [info(item) for item in items], workers)
