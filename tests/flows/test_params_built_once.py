@@ -15,7 +15,7 @@ import os
 import pytest
 
 from flows.cli import main
-from nip_core.parameters import HyperParameters
+from nip_core.parameters import HyperParameters, ParameterError
 
 # a seed no other test uses, so that this process has not built these parameters before
 _SEEDS = itertools.count(900_000 + os.getpid() % 1000 * 100)
@@ -53,6 +53,6 @@ def test_a_run_through_prefect_validates_its_parameters_once(prefect_server, tmp
     stored = RunStore(str(tmp_path)).load_params("once")
     assert len(validations) == 1 and stored.seed == seed
     # a different tree is validated (and refused) as before
-    with pytest.raises(Exception, match="rl.lr"):
+    with pytest.raises(ParameterError, match="rl.lr"):
         HyperParameters.from_dict({**stored.to_dict(), "rl": {**stored.to_dict()["rl"], "lr": -1.0}})
     assert len(validations) == 2
