@@ -94,10 +94,11 @@ def test_a_sweep_trains_every_point_through_prefect_and_writes_the_comparison(pr
     out = tmp_path / "results" / "two.md"
     runs = tmp_path / "runs"
     big = write_files(tmp_path / "files")["big"]  # larger graphs than the `test` dataset's, with WL scores
-    status = main(["sweep", spec, "--params", "configs/gi_nip_ppo_small.json", "--set", "dataset=test",
-                   "--set", "rl.num_iterations=1", "--set", "rl.frames_per_batch=64", "--set", "rl.minibatch_size=32",
-                   "--set", "rl.num_test_iterations=1", "--sweep-id", "tiny", "--runs-dir", str(runs),
-                   "--out", str(out), "--no-wandb", "--progress", "off", "--evaluate", str(big)])
+    argv = ["sweep", spec, "--params", "configs/gi_nip_ppo_small.json", "--set", "dataset=test",
+            "--set", "rl.num_iterations=1", "--set", "rl.frames_per_batch=64", "--set", "rl.minibatch_size=32",
+            "--set", "rl.num_test_iterations=1", "--sweep-id", "tiny", "--runs-dir", str(runs),
+            "--out", str(out), "--no-wandb", "--progress", "off", "--evaluate", str(big)]
+    status = main(argv)
     printed = capsys.readouterr().out
     assert status == 0
     store = RunStore(str(runs))
@@ -149,3 +150,12 @@ def test_a_sweep_trains_every_point_through_prefect_and_writes_the_comparison(pr
     with get_client(sync_client=True) as client:
         flow_runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["sweep"])))
     assert any(run.state.is_completed() and run.parameters.get("sweep_id") == "tiny" for run in flow_runs)
+    # the same command again trains nothing: the runs are read back and evaluated as before
+    trained = {r: (sorted(p.name for p in (runs / r / "checkpoints").iterdir()), (runs / r / "metrics.jsonl").read_bytes())
+               for r in run_ids}
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert {r: (sorted(p.name for p in (runs / r / "checkpoints").iterdir()), (runs / r / "metrics.jsonl").read_bytes())
+            for r in run_ids} == trained
+    again = out.read_text().splitlines()
+    assert again[again.index(f"## Held-out file `{big}`"):] == section
