@@ -166,7 +166,7 @@ def evaluate_points(store, labelled: list[tuple[str, str]], dataset_file: str) -
 
 
 def _append_held_out_sections(path: Path, evaluations, baseline: str | None) -> None:
-    from nip_core.logging.held_out import held_out_section, plot_by_wl_score
+    from nip_core.logging.held_out import file_label, held_out_section, plot_by_wl_score
 
     lines: list[str] = []
     for k, (file, results) in enumerate(evaluations, 1):
@@ -174,7 +174,7 @@ def _append_held_out_sections(path: Path, evaluations, baseline: str | None) -> 
             lines += [f"## Held-out file `{file}`", "", "No completed run to evaluate.", ""]
             continue
         plot = path.with_name(f"{path.stem}-heldout-{k}.png")
-        drawn = plot_by_wl_score(results, plot, f"accuracy by WL score: {Path(file).name}")
+        drawn = plot_by_wl_score(results, plot, f"accuracy by WL score: {file_label(file)}")
         lines += held_out_section(results, dataset_file=file, baseline=baseline, plot_name=plot.name if drawn else None)
     if lines:
         path.write_text(path.read_text().rstrip("\n") + "\n\n" + "\n".join(lines))

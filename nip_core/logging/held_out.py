@@ -63,6 +63,15 @@ def accuracy_by_wl_score(results: Sequence[tuple[str, int, Mapping[str, Any]]]
     return scores, counts, means
 
 
+def file_label(dataset_file: str) -> str:
+    """A short name of a dataset file: ``wl-large/test`` for the original layout's
+    ``.../wl-large/raw/test/data.pt`` (every such file is called ``data.pt``), else the file's name."""
+    parts = Path(dataset_file).parts
+    if len(parts) >= 4 and parts[-1] == "data.pt" and parts[-3] == "raw":
+        return f"{parts[-4]}/{parts[-2]}"
+    return Path(dataset_file).name
+
+
 def score_name(score: str) -> str:
     return "isomorphic" if score == ISOMORPHIC_SCORE else f"WL {score}"
 
@@ -91,7 +100,7 @@ def held_out_section(results: Sequence[tuple[str, int, Mapping[str, Any]]], *, d
             lines.append(f"| {g.label} | " + " | ".join(cells) + " |")
         lines.append("")
     if plot_name:
-        lines += [f"![accuracy by WL score on {Path(dataset_file).name}]({plot_name})", ""]
+        lines += [f"![accuracy by WL score on {file_label(dataset_file)}]({plot_name})", ""]
     return lines
 
 

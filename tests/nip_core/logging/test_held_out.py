@@ -8,6 +8,7 @@ import pytest
 
 from nip_core.logging.held_out import (
     accuracy_by_wl_score,
+    file_label,
     held_out_card_row,
     held_out_groups,
     held_out_section,
@@ -68,3 +69,15 @@ def test_the_plot_is_drawn_only_with_a_breakdown_and_the_card_row_names_the_file
     assert not plot_by_wl_score([("solo", 1, result("x", 0.5))], tmp_path / "b.png", "t")
     assert not (tmp_path / "b.png").exists()
     assert held_out_card_row(RESULTS, "big.pt", 2) == ("held-out file 2", "big.pt: nip 0.650, solo 0.565")
+
+
+@pytest.mark.parametrize("path, label", [
+    ("/root/.cache/nipflow/data/graph_isomorphism/wl-large/raw/test/data.pt", "wl-large/test"),
+    ("data/graph_isomorphism/wl-small/raw/train/data.pt", "wl-small/train"),
+    ("/tmp/files/big.pt", "big.pt"),
+    ("/tmp/raw/data.pt", "data.pt"),
+])
+def test_a_file_of_the_original_layout_is_named_by_its_dataset_and_split(path, label):
+    assert file_label(path) == label
+    section = held_out_section(RESULTS, dataset_file=path, baseline=None, plot_name="p.png")
+    assert f"![accuracy by WL score on {label}](p.png)" in section
