@@ -73,7 +73,7 @@ def pytest_collection_modifyitems(items):
     def info(item):
         long = item.get_closest_marker("long")
         return timed(item.nodeid.split("::")[0], long.args[0] if long is not None else None,
-                         item.get_closest_marker("e2e") is not None, item.get_closest_marker("slow") is not None)
+                     item.get_closest_marker("e2e") is not None, item.get_closest_marker("slow") is not None)
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     items[:] = deal(items, [info(item) for item in items], workers)

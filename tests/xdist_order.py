@@ -8,9 +8,8 @@ takes the second half of the longest queue left, i.e. its tail.
 :func:`deal` writes one slice per worker, so that:
 
 * a module is not cut between workers (except where a slice is full: the sizes are xdist's),
-  so that its module-scoped fixtures — a
-  PostgreSQL-backed Prefect server, a browser, a model — are set up once, not once per
-  worker that gets a part of it;
+  so that its module-scoped fixtures (a PostgreSQL-backed Prefect server, a browser, a
+  model) are set up once, not once per worker that gets a part of it;
 * the modules with long, end-to-end or slow tests are spread over the slices by their
   estimated time, longest first (each to the least loaded slice);
 * each slice runs its long tests first and its short tests last, so that what a worker
