@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nip_core.llm.client import make_openai_client  # noqa: E402
-from nip_core.llm.launcher import LocalApiServer  # noqa: E402
+from nipflow_llm_server.launcher import LocalApiServer  # noqa: E402
 
 LEVELS = (1, 8, 32)
 

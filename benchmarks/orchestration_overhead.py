@@ -440,7 +440,7 @@ def main(argv=None) -> int:
                 ppo_ratio = report_ppo(reps)
                 results["ppo"] = reps
             if not args.skip_text:
-                from nip_core.llm.launcher import LocalApiServer
+                from nipflow_llm_server.launcher import LocalApiServer
 
                 t0 = time.perf_counter()
                 api = LocalApiServer(work / "api", job_time_scale=args.job_time_scale)

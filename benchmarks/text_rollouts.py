@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import nip_core.trainers.catalogue  # noqa: E402,F401
-from nip_core.llm.launcher import LocalApiServer  # noqa: E402
+from nipflow_llm_server.launcher import LocalApiServer  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.scenarios.registry import build_scenario_instance  # noqa: E402
 from nip_core.settings import ExperimentSettings  # noqa: E402

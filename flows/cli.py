@@ -353,7 +353,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_api_server(args) -> int:
-    from nip_core.llm.server.cli import main as api_main
+    from nipflow_llm_server.server.cli import main as api_main
 
     return api_main(args.args)
 
@@ -483,7 +483,7 @@ def _report_errors(command, args) -> int:
 
 def _release_llm_servers() -> None:
     """Stop the local LLM servers this run started (success, failure or Ctrl-C alike)."""
-    launcher = sys.modules.get("nip_core.llm.launcher")  # not imported: no server was started
+    launcher = sys.modules.get("nipflow_llm_server.launcher")  # not imported: no server was started
     if launcher is not None:
         launcher.release_local_servers()  # logs what it stopped
 

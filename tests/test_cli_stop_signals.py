@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from nip_core.llm.server.cli import read_server_file
+from nipflow_llm_server.server.cli import read_server_file
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

@@ -1,8 +1,9 @@
 """The import contracts of ``[tool.importlinter]`` in pyproject.toml, and no import circles.
 
 ``lint-imports`` checks the layers (flows above tasks above nip_core), that nip_core never
-imports Prefect, the layers of nip_core's own packages (each imports only those below it),
-that the parameters import no torch, and that no siblings of flows, tasks or a nip_core subpackage import each
+imports Prefect nor the local API server (the sibling package nipflow_llm_server), the
+layers of nip_core's own packages (each imports only those below it), that the parameters
+import no torch, and that no siblings of flows, tasks or a nip_core subpackage import each
 other in a circle. The module graph of all three packages (imports inside functions
 included, ``if TYPE_CHECKING:`` imports excluded) is checked for circles here as well,
 across packages: the only circles left are listed in ``KNOWN_CIRCLES`` (none today), so a
@@ -75,15 +76,31 @@ def _circles(graph) -> set[frozenset[str]]:
 def test_lint_imports_keeps_every_contract_of_the_project():
     out = _lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "Contracts: 5 kept, 0 broken." in out.stdout, out.stdout[-4000:]
+    assert "Contracts: 7 kept, 0 broken." in out.stdout, out.stdout[-4000:]
     # inside nip_core every import points down (issue #25), and the parameters need no torch
     assert "nip_core packages in layers KEPT" in out.stdout
     assert "The parameters import no torch KEPT" in out.stdout
+    # the local API server is a sibling package: nip_core and tasks never import it, and it
+    # uses only nip_core's leaf layers and API client (issue #25 item 4)
+    assert "nip_core never imports the local API server KEPT" in out.stdout
+    assert "The local API server uses only nip_core's leaf layers and API client KEPT" in out.stdout
 
 
 def test_the_only_import_circles_left_are_the_known_ones():
-    graph = grimp.build_graph("nip_core", "flows", "tasks", exclude_type_checking_imports=True, cache_dir=None)
+    graph = grimp.build_graph("nip_core", "flows", "tasks", "nipflow_llm_server", exclude_type_checking_imports=True,
+                              cache_dir=None)
     assert _circles(graph) == KNOWN_CIRCLES
+
+
+def test_nothing_in_the_domain_library_imports_the_local_api_server():
+    graph = grimp.build_graph("nip_core", "tasks", "nipflow_llm_server", exclude_type_checking_imports=True,
+                              cache_dir=None)
+    for package in ("nip_core", "tasks"):
+        assert not graph.chain_exists(importer=package, imported="nipflow_llm_server", as_packages=True)
+    # the server itself does use the domain library's leaf layers (so the check is not vacuous)
+    assert graph.chain_exists(importer="nipflow_llm_server", imported="nip_core.utils", as_packages=True)
+    graph.add_import(importer="nip_core.agents.pure_text", imported="nipflow_llm_server.policy.formats")
+    assert graph.chain_exists(importer="nip_core", imported="nipflow_llm_server", as_packages=True)
 
 
 def test_a_new_circle_is_found():

@@ -24,7 +24,6 @@ from nip_core.errors import FineTuneJobFailed
 from nip_core.llm import remote_objects as remote
 from nip_core.llm.capabilities import offers_structured_output
 from nip_core.llm.job_status import STATUS_MAP
-from nip_core.llm.policy.formats import DECISION_ACCEPT, DECISION_REJECT
 from nip_core.llm.remote_objects import find_jobs
 
 log = logging.getLogger(__name__)
@@ -33,6 +32,9 @@ FROZEN_JOB_ID = "frozen_job_id"
 INSUFFICIENT_DATA_JOB_ID = "insufficient_data_job_id"
 MIN_FINE_TUNE_EXAMPLES = 10
 MAX_SUFFIX = 64
+#: The decision lines the text protocols' prompts ask for (read back by their parsers); a
+#: constrained decision turn (``guided_choice``) may answer only these.
+DECISION_CHOICES = ("Decision: accept", "Decision: reject")
 
 
 def incarnation_of(run: Any) -> str:
@@ -129,7 +131,7 @@ class PureTextWholeAgent:
         if p.top_p is not None:
             kwargs["top_p"] = p.top_p
         if decision and self._constrain_decisions(kwargs["model"]):
-            kwargs["extra_body"] = {"guided_choice": [DECISION_ACCEPT, DECISION_REJECT]}
+            kwargs["extra_body"] = {"guided_choice": list(DECISION_CHOICES)}
         resp = self._client().chat.completions.create(**kwargs)
         choice = resp.choices[0]
         tokens = int(getattr(resp.usage, "total_tokens", 0) or 0) if resp.usage is not None else 0

@@ -1,8 +1,8 @@
-"""OpenAI access for text agents: the client factory and the local OpenAI-compatible server.
+"""OpenAI access for text agents: the client factory, fine-tuning capabilities, remote objects.
 
-See ``nip_core/llm/README.md`` for the local server and its model family. The names
-below are imported lazily, so that the server process (a subpackage) does not pay for
-importing the ``openai`` client.
+The local OpenAI-compatible server is not part of the domain library: it is the sibling
+package ``nipflow_llm_server`` (see its README), found through an entry point when no API
+is configured (:mod:`nip_core.llm.local_server`). The names below are imported lazily.
 """
 
 from __future__ import annotations
@@ -16,11 +16,7 @@ _EXPORTS = {
     "make_openai_client": "nip_core.llm.client",
     "LocalServerError": "nip_core.llm.errors",
     "MissingApiKeyError": "nip_core.llm.errors",
-    "LocalApiServer": "nip_core.llm.launcher",
-    "ensure_local_server": "nip_core.llm.launcher",
-    "local_api_server": "nip_core.llm.testing",
-    "FaultConfig": "nip_core.llm.server.faults",
-    "FaultRule": "nip_core.llm.server.faults",
+    "local_server_url": "nip_core.llm.local_server",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -136,7 +136,7 @@ class Api:
 
 @pytest.fixture
 def llm_server(tmp_path):
-    from nip_core.llm.testing import local_api_server
+    from nipflow_llm_server.testing import local_api_server
 
     with local_api_server(tmp_path, job_time_scale=JOB_TIME_SCALE) as server:
         yield server

@@ -24,7 +24,7 @@ import json
 
 import pytest
 
-from nip_core.llm.testing import local_api_server
+from nipflow_llm_server.testing import local_api_server
 from tests.e2e.test_kill_sweep import EI_PARAMS, Sweep, base_env, check_text_run, ei_direct_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nip_core.llm.testing import local_api_server
+from nipflow_llm_server.testing import local_api_server
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
 from nip_core.trainers.checkpoint_files import read_checkpoint
 from tests.run_files import run_json, run_text

@@ -37,7 +37,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from nip_core.llm.testing import local_api_server
+from nipflow_llm_server.testing import local_api_server
 from nip_core.runs.fencing import is_mutable, untagged
 from tests.e2e.test_kill_sweep import (
     EI_PARAMS, GI_PARAMS, NIPFLOW, base_env, check_text_run, metrics_rows,

@@ -71,7 +71,7 @@ SMALL_CV = ["rl.num_test_iterations=1", "dataset_options.max_train_size=24", "da
 
 @pytest.fixture
 def llm_server(tmp_path):
-    from nip_core.llm.testing import local_api_server
+    from nipflow_llm_server.testing import local_api_server
 
     with local_api_server(tmp_path, job_time_scale=0.5) as server:
         yield server

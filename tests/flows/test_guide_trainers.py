@@ -113,7 +113,7 @@ def test_the_tensordict_guide_trainer_under_prefect(guide, prefect_server, tmp_p
 
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory):
-    from nip_core.llm.testing import local_api_server
+    from nipflow_llm_server.testing import local_api_server
 
     with local_api_server(tmp_path_factory.mktemp("api"), job_time_scale=0.02) as server:
         yield server

@@ -154,7 +154,7 @@ def test_real_pure_text_flow_sigkilled_in_every_stage_resumes_to_the_clean_resul
 
     torch.set_num_threads(1)
     from flows.experiment import train_experiment
-    from nip_core.llm.testing import local_api_server
+    from nipflow_llm_server.testing import local_api_server
 
     runs = tmp_path / "runs"
     markers = tmp_path / "markers"

@@ -20,7 +20,7 @@ class GroupConsistencyError(ValueError):
 
 
 class LazyClient:
-    """Creates the openai client on first use (starting the local server if needed)."""
+    """Creates the openai client on first use (asking the local stand-in for a server if no API is set)."""
 
     def __init__(self, settings: Any):
         self.settings = settings
@@ -31,10 +31,10 @@ class LazyClient:
         url = self.settings.openai_base_url or os.environ.get("OPENAI_BASE_URL")
         if url:
             return url
-        from nip_core.llm.launcher import ensure_local_server
+        from nip_core.llm.local_server import local_server_url
 
         data_dir = self.settings.local_api_server_dir or str(Path(self.settings.runs_dir) / ".llm-server")
-        return ensure_local_server(Path(data_dir))
+        return local_server_url(Path(data_dir))
 
     def __call__(self) -> Any:
         with self._lock:

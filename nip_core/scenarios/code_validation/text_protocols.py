@@ -1,10 +1,12 @@
 """Prompts and reply parsing of the code-validation protocols.
 
 System prompts live in ``prompts/<protocol>_<role>.txt`` (``string.Template``; role is
-``verifier`` or ``prover``). They follow the format convention of the local model (see
-:mod:`nip_core.llm.policy.formats`): a verifier prompt shows ``Question for <Name>:``
-headers (one per visible channel) and the two ``Decision:`` lines; a prover prompt shows
-``Answer:`` and the stance sentence "convince the Verifier to accept|reject".
+``verifier`` or ``prover``). They state the reply format that the parsers below read, for any
+chat model: a verifier prompt shows ``Question for <Name>:`` headers (one per visible
+channel) and the two ``Decision:`` lines; a prover prompt shows ``Answer:`` and the stance
+sentence "convince the Verifier to accept|reject". The local stand-in's selection engine
+reads the same lines to choose its kind of reply (``nipflow_llm_server/policy/formats.py``);
+the prompts do not depend on it.
 
 Chat prompt (docs/behaviour.md#b33): the system prompt, then per round the agent's own raw reply
 as ``assistant`` and the other agents' messages on its visible channels as ``user``

@@ -16,7 +16,7 @@ import pytest
 from nip_core.agents.pure_text import PureTextSharedModelGroup
 from nip_core.llm.job_status import TERMINAL_STATUSES
 from nip_core.errors import FineTuneJobFailed
-from nip_core.llm.testing import local_api_server
+from nipflow_llm_server.testing import local_api_server
 from nip_core.parameters import CodeValidationAgentParameters, HyperParameters
 from nip_core.runs import RunStore
 

@@ -227,7 +227,7 @@ PROVEN_BY: dict[tuple[str, str], tuple[str, ...]] = {
     **{(t, path): (_MERGE, "tests/nip_core/trainers/test_pure_text_rerun.py::test_rerun_tests_replays_the_base_runs_models")
        for t in TEXT_TRAINERS for path in ("base_run.base_run_type", "base_run.run_id")},
     **{(t, "agents.*.decision_constraint"): (
-        "tests/nip_core/llm/engines/test_structured_output.py::"
+        "tests/llm_server/engines/test_structured_output.py::"
         "test_a_verifiers_decision_turn_is_held_to_its_form_where_the_server_offers_it",) for t in TEXT_TRAINERS},
     # the stand-in model reads a prompt as a bag of words: the order of the channels shows in
     # the prompts, not in what it answers
@@ -335,7 +335,7 @@ def _api_url(env, trainer: str) -> str | None:
     if trainer not in TEXT_TRAINERS:
         return None
     if "api_url" not in env:
-        from nip_core.llm.testing import local_api_server
+        from nipflow_llm_server.testing import local_api_server
 
         env["api_url"] = env["servers"].enter_context(local_api_server(env["root"] / "api", job_time_scale=0.0)).base_url
     return env["api_url"]

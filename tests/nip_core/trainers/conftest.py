@@ -18,7 +18,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A local OpenAI-compatible server with fast fine-tune jobs, one per test module."""
-    from nip_core.llm.testing import local_api_server
+    from nipflow_llm_server.testing import local_api_server
 
     with local_api_server(tmp_path_factory.mktemp("api"), job_time_scale=0.02) as s:
         yield s

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from nip_core.environments.nested_array_dict import NestedArrayDict
-from nip_core.llm.server.validation import check_example
+from nipflow_llm_server.server.validation import check_example
 from nip_core.parameters import HyperParameters
 from nip_core.settings import ExperimentSettings
 from nip_core.trainers.build import build_trainer

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import nip_core.trainers.catalogue  # noqa: F401
-from nip_core.llm.testing import local_api_server
+from nipflow_llm_server.testing import local_api_server
 from nip_core.logging.wandb_reader import read_offline_runs
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.base_run import merge_with_base_run, preserved_fields

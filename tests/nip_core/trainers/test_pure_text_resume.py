@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from nip_core.llm.testing import local_api_server
+from nipflow_llm_server.testing import local_api_server
 from tests.run_files import run_file, run_json
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -18,7 +18,7 @@ def test_native_bf16_follows_the_cpu_flags(tmp_path, monkeypatch, text, native):
     assert ("avx512_bf16" in flags) is native and "avx2" in flags
     monkeypatch.setattr(cpu, "cpu_flags", lambda: flags)
     assert cpu.cpu_has_native_bf16() is native
-    trl_training = pytest.importorskip("nip_core.llm.engines.trl_training")
+    trl_training = pytest.importorskip("nipflow_llm_server.engines.trl_training")
     monkeypatch.setattr(trl_training, "cpu_has_native_bf16", cpu.cpu_has_native_bf16)
     assert trl_training._precision("cpu") == {"bf16": native}
     assert trl_training._precision("cuda:0") == {}  # TRL's default (bf16) on a GPU

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nip_core.llm.policy.formats import detect_format
+from nipflow_llm_server.policy.formats import detect_format
 from nip_core.parameters import HyperParameters
 from nip_core.protocols import build_protocol_handler
 from nip_core.scenarios.code_validation.text_protocols import build_system_prompt, last_round_message

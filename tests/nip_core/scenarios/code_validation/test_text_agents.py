@@ -10,7 +10,7 @@ from nip_core.agents.pure_text import (
     PureTextSharedModelGroup,
     PureTextWholeAgent,
 )
-from nip_core.llm.testing import local_api_server
+from nipflow_llm_server.testing import local_api_server
 from nip_core.parameters import CodeValidationAgentParameters, HyperParameters
 from nip_core.runs import RunStore
 
