@@ -55,7 +55,7 @@ from flows.parameters import ExperimentParameters, RunSpec
 from flows.pure_text import run_pure_text
 from flows.rl_blocks import run_tensordict
 from flows.run_history import experiment_name, mark_completed
-from flows.trainer_access import build_flow_trainer, open_trainer, remember_trainer
+from flows.trainer_access import build_flow_trainer, current_flow_run_id, open_trainer, remember_trainer
 from nip_core.settings import AUTO_DEVICE
 from nip_core.trainers.interfaces import IterationTrainer, StagedTrainer
 from tasks.trainers import release_trainer, task_trainer
@@ -170,12 +170,12 @@ def train_experiment(
 
 def run_experiment(parameters: ExperimentParameters) -> dict[str, Any]:
     """The body of :func:`train_experiment` (also run by ``scheduled_retraining`` in its own flow run)."""
-    trainer = open_trainer(parameters)
+    trainer = open_trainer(parameters.run_spec(current_flow_run_id()), parameters.warm_start_from)
     try:
         # one driver per run, on any number of hosts; the result card at the end, however it ends
         with driving(trainer, **flow_recording(trainer)):
             result = run_trainer(trainer, parameters)
-            mark_completed(trainer.run, experiment_name(parameters))
+            mark_completed(trainer.run, experiment_name(trainer.hyper_params))
     finally:
         release_trainer(trainer)  # no task of this process uses it after this flow run
         trainer.close()

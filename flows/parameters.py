@@ -315,12 +315,26 @@ class ExperimentParameters(BaseModel):
                 problems.extend(_set_model_name(data, knob, role, value))
         return problems
 
+    def run_spec(self, flow_run_id: Optional[str] = None) -> "RunSpec":
+        """The form resolved into the run it describes: the one carrier from here on.
+
+        A flow resolves its form once, at its start; the trainer, the RL blocks and the tasks
+        are built from this spec (the lease claim is added by :meth:`RunSpec.for_trainer`).
+        The spec holds no secret: a worker adds its own (:meth:`RunSpec.experiment_settings`).
+        """
+        hyper_params = self.hyper_params()
+        return RunSpec.of(hyper_params, self._settings(hyper_params, flow_run_id))
+
     def settings(self, hyper_params: HyperParameters, flow_run_id: Optional[str] = None) -> ExperimentSettings:
-        """The run-time settings; without ``run_id`` the run id derives from ``flow_run_id``.
+        """The run-time settings, with this worker's secrets; without ``run_id`` the run id
+        derives from ``flow_run_id``.
 
         A flow run keeps its id when it is resumed after a suspension or rescheduled
         after a crash, so the derived run id (and all its cached work) stays the same.
         """
+        return with_secrets(self._settings(hyper_params, flow_run_id))
+
+    def _settings(self, hyper_params: HyperParameters, flow_run_id: Optional[str]) -> ExperimentSettings:
         if self.run_id:
             run_id = validate_run_id(self.run_id)
         elif flow_run_id:
@@ -338,7 +352,7 @@ class ExperimentParameters(BaseModel):
         if self.runs_dir:
             values["runs_dir"] = self.runs_dir
         values.update(self.settings_overrides)
-        return with_secrets(ExperimentSettings(**values))
+        return ExperimentSettings(**values)
 
 
 class RunSpec(BaseModel):

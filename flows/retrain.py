@@ -81,9 +81,8 @@ def scheduled_retraining(
     each flow run trains a new run (its id derives from the flow run's).
     """
     parameters = ExperimentParameters.from_flow_parameters(locals())
-    name = experiment_name(parameters)
-    hp = parameters.hyper_params()
-    settings = parameters.settings(hp, current_flow_run_id())
-    previous = latest_successful_run(settings.runs_dir, name, exclude=settings.run_id)
-    get_run_logger().info("retraining %s as run %s, warm start from %s", name, settings.run_id, previous)
-    return run_experiment(parameters.model_copy(update={"run_id": settings.run_id, "warm_start_from": previous}))
+    spec = parameters.run_spec(current_flow_run_id())
+    name, run_id = experiment_name(spec.hyper_params()), spec.settings["run_id"]
+    previous = latest_successful_run(spec.experiment_settings().runs_dir, name, exclude=run_id)
+    get_run_logger().info("retraining %s as run %s, warm start from %s", name, run_id, previous)
+    return run_experiment(parameters.model_copy(update={"run_id": run_id, "warm_start_from": previous}))

@@ -18,14 +18,13 @@ from typing import Any, Optional
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
-from flows.parameters import ExperimentParameters
+from nip_core.parameters import HyperParameters
 from nip_core.runs import RunStore
 from nip_core.trainers.warm_start import WarmStartError, prepare_warm_start
 
 
-def experiment_name(parameters: ExperimentParameters) -> str:
+def experiment_name(hp: HyperParameters) -> str:
     """``<scenario>.<trainer>.<protocol>.<dataset>``: the experiment a run belongs to."""
-    hp = parameters.hyper_params()
     return f"{hp.scenario}.{hp.trainer}.{hp.interaction_protocol}.{hp.dataset}"
 
 

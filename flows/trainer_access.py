@@ -1,7 +1,7 @@
 """Trainers inside flow runs: built with Prefect hooks, reused by local subflows, on this host.
 
 Every flow that trains gets its trainer here: :func:`open_trainer` for the entry flow
-(from its ``ExperimentParameters``, warm start included), :func:`trainer_from_spec` for an
+(from the ``RunSpec`` its form resolves into, warm start included), :func:`trainer_from_spec` for an
 RL block (from the parent's ``RunSpec``; a local subflow reuses the trainer its parent
 kept with :func:`remember_trainer`). Tasks never receive a trainer: they receive the
 ``RunSpec`` (:meth:`RunSpec.for_trainer`) and open the run's trainer themselves
@@ -21,7 +21,7 @@ from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
 from flows.observability import PrefectHooks
-from flows.parameters import ExperimentParameters, RunSpec
+from flows.parameters import RunSpec
 from flows.run_history import apply_warm_start
 from nip_core.parameters import HyperParameters
 from nip_core.settings import DeviceUnavailableError, ExperimentSettings, resolve_device
@@ -108,11 +108,11 @@ def trainer_from_spec(spec: RunSpec):
     return trainer
 
 
-def open_trainer(parameters: ExperimentParameters):
-    """Build the trainer of ``parameters`` in the current flow run, warm-started if they ask."""
-    hyper_params = parameters.hyper_params()
-    settings = parameters.settings(hyper_params, current_flow_run_id())
-    trainer = build_flow_trainer(hyper_params, settings)
-    if parameters.warm_start_from:
-        apply_warm_start(trainer.run, parameters.warm_start_from, settings.runs_dir)
+def open_trainer(spec: RunSpec, warm_start_from: str | None = None):
+    """Build the trainer of ``spec``'s run in the current flow run, warm-started from the run
+    ``warm_start_from`` names, if any."""
+    settings = spec.experiment_settings()  # the secrets of this worker
+    trainer = build_flow_trainer(spec.hyper_params(), settings)
+    if warm_start_from:
+        apply_warm_start(trainer.run, warm_start_from, settings.runs_dir)
     return trainer

@@ -43,9 +43,8 @@ def jobs_finished(parameters: dict[str, Any], flow_run_id: str | None = None) ->
     from flows.parameters import ExperimentParameters
     from nip_core.llm.job_status import TERMINAL_STATUSES
 
-    params = ExperimentParameters.from_flow_parameters(parameters)
-    hyper_params = params.hyper_params()
-    trainer = build_flow_trainer(hyper_params, params.settings(hyper_params, flow_run_id))
+    spec = ExperimentParameters.from_flow_parameters(parameters).run_spec(flow_run_id)
+    trainer = build_flow_trainer(spec.hyper_params(), spec.experiment_settings())
     try:
         statuses = dict(trainer.poll_fine_tune_jobs())
     finally:

@@ -154,7 +154,11 @@ class ExperimentSettings(BaseModel):
                              "rl.collection_shards). The workers only distribute the shards of "
                              "rl.collection_shards: results are bit-identical for every worker count, and a "
                              "run may be resumed with another one (nip_core/trainers/collectors.py)")
-    test_run: bool = False
+    test_run: bool = Field(
+        False, description="nip's smoke run (docs/behaviour.md#b46): the run's whole code path with "
+                           "nothing persisted (no run store, checkpoints, rollout files or W&B), one "
+                           "minibatch step per iteration and 10 normalisation steps; for checking a new "
+                           "configuration or trainer end to end in seconds, never for results")
 
     @field_validator("device")
     @classmethod

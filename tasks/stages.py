@@ -25,13 +25,14 @@ from tasks.persistence import task_options_for
 from tasks.trainers import RunSpecLike, task_trainer
 
 #: The stages that have a task (every stage but ``done``), in diagram order.
-STAGES: tuple[Stage, ...] = tuple(s for s in STAGE_ORDER if s is not Stage.DONE)
+_TASKED_STAGES: tuple[Stage, ...] = tuple(s for s in STAGE_ORDER if s is not Stage.DONE)
 
 
 def refresh_state(trainer: StagedTrainer) -> None:
-    """Reload the trainer's state from the run store (no-op without a stored state)."""
+    """Reload the trainer's state from the run store (no-op without a stored state), through
+    the trainer's own :meth:`reload_state` (a text trainer pushes its groups' states too)."""
     if trainer.run.has_state():
-        trainer.state = trainer.run.load_state(trainer.State)
+        trainer.reload_state()
 
 
 def initial_position(trainer: StagedTrainer) -> tuple[int, str]:
@@ -72,7 +73,7 @@ def _make_stage_task(stage: Stage) -> Task:
                 retries=0)
 
 
-STAGE_TASKS: dict[Stage, Task] = {stage: _make_stage_task(stage) for stage in STAGES}
+STAGE_TASKS: dict[Stage, Task] = {stage: _make_stage_task(stage) for stage in _TASKED_STAGES}
 
 
 def _stage_key(stage: str):

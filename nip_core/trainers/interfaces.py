@@ -42,6 +42,9 @@ class StagedTrainer(Protocol):
     def next_stage(self) -> tuple[int, str]:
         """The position to run next, ``(iteration, stage)``; ``stage == "done"`` at the end."""
 
+    def reload_state(self) -> None:
+        """Read the state again from the run store (and whatever the trainer derives from it)."""
+
     def run_stage(self, stage: str) -> dict[str, Any]:
         """Run ``stage`` (the one :meth:`next_stage` names), save the state, return a summary.
 

@@ -36,8 +36,7 @@ from nip_core.trainers.hooks import reach_point
 from nip_core.trainers.pure_text_records import RolloutRecords
 from nip_core.trainers.pure_text_rerun import BaseRunReplay
 from nip_core.scenarios.code_validation.text_protocols import build_chat_messages
-from nip_core.trainers.pure_text_rollouts import (TextActor, datapoint_indices, history_of, sample_rollouts,
-                                                  stable_seed)
+from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, history_of, run_episodes, stable_seed
 from nip_core.trainers.pure_text_stats import NoAssistantMessageError, fine_tune_messages, rollout_stats
 from nip_core.trainers.stage_machine import Position, Stage, StageOrderError, next_stage
 
@@ -242,8 +241,8 @@ class PureTextRlTrainer(Trainer):
         actor = TextActor(environment, self.scenario.whole_agents(), hp.interaction_protocol, hp)
         with self.make_iteration_context(count, f"{tag}: {tqdm_desc[:1].lower()}{tqdm_desc[1:]}",
                                          show_bar=use_tqdm) as ctx:
-            rollouts = sample_rollouts(environment, actor, environment.dataset, indices, seeds,
-                                       self.settings.max_concurrent_requests, on_done=ctx.step)
+            rollouts = run_episodes(environment, actor, environment.dataset, indices, seeds,
+                                    self.settings.max_concurrent_requests, on_done=ctx.step)
         self.state.tokens_used += actor.tokens
         return rollouts
 

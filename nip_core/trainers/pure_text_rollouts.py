@@ -120,7 +120,7 @@ class TextActor:
                 "retry_count": retry, "token_limit": token_limit}
 
 
-def sample_rollouts(env: Any, actor: TextActor, dataset: Any, indices: list[int], seeds: list[int],
+def run_episodes(env: Any, actor: TextActor, dataset: Any, indices: list[int], seeds: list[int],
                     max_workers: int, on_done: Callable[[], None] | None = None) -> list[NestedArrayDict]:
     """One padded rollout per ``(dataset[index], seed)``, in order, ``max_workers`` at a time."""
 

@@ -1,4 +1,5 @@
-"""The parameters of a run are validated once per process, however many layers carry them.
+"""The parameters of a run are validated once per process, however many layers carry them,
+and the way they take is the one ``docs/architecture.md#params-walk`` writes down.
 
 ``nipflow run`` builds ``HyperParameters`` from the file and the overrides; the flow gets them
 as flow parameters, the RL blocks and tasks as ``RunSpec.params``, the run store reads them
@@ -9,13 +10,62 @@ JSON; the parameters are immutable, so sharing them is safe).
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
+import re
+import sys
+from pathlib import Path
 
 import pytest
 
 from flows.cli import main
 from nip_core.parameters import HyperParameters, ParameterError
+
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+LAYERS = {"flows": 2, "tasks": 1, "nip_core": 0}
+
+
+def documented_walk(name: str) -> list[str]:
+    """The frames of the walk ``name`` (``loss``, ``fine-tune``) in docs/architecture.md, outermost first."""
+    text = ARCHITECTURE.read_text()
+    block = text.split(f"<!-- walk: {name} -->", 1)[1].split("<!-- /walk -->", 1)[0]
+    return re.findall(r"^\d+\. `([\w.]+)`", block, re.MULTILINE)
+
+
+def resolve(dotted: str):
+    """The object ``dotted`` names: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+@pytest.mark.parametrize("walk", ["loss", "fine-tune"])
+def test_the_documented_walk_names_real_code_and_only_goes_down_the_layers(walk):
+    frames = documented_walk(walk)
+    assert len(frames) >= 10
+    for frame in frames:
+        assert callable(resolve(frame)), frame
+    layers = [LAYERS[frame.split(".")[0]] for frame in frames]
+    assert layers == sorted(layers, reverse=True), list(zip(frames, layers))
+    assert set(layers) == {0, 1, 2}  # the orchestration, the tasks, the domain: each crossed once
+
+
+def frames_of_this_stack() -> list[str]:
+    """``module.qualname`` of every frame of the calling thread, outermost first."""
+    frame, names = sys._getframe(1), []
+    while frame is not None:
+        names.append(f"{frame.f_globals.get('__name__')}.{frame.f_code.co_qualname}")
+        frame = frame.f_back
+    return names[::-1]
+
 
 # a seed no other test uses, so that this process has not built these parameters before
 _SEEDS = itertools.count(900_000 + os.getpid() % 1000 * 100)
@@ -37,9 +87,21 @@ def validations(monkeypatch):
 
 @pytest.mark.slow
 def test_a_run_through_prefect_validates_its_parameters_once(prefect_server, tmp_path, validations, one_thread,
-                                                               capsys):
+                                                               capsys, monkeypatch):
     from nip_core.runs import RunStore
 
+    from nip_core.trainers.objectives.base import NipLossModule
+
+    # The stack inside the loss's forward pass, seen from the advantage it reads (TorchRL wraps
+    # each loss class's own ``forward`` when the class is made, so that cannot be patched).
+    stacks = []
+    advantage = NipLossModule.advantage
+
+    def recording(self, td):
+        stacks.append(frames_of_this_stack())
+        return advantage(self, td)
+
+    monkeypatch.setattr(NipLossModule, "advantage", recording)
     seed = next(_SEEDS)
     argv = ["run", "graph_isomorphism", "vanilla_ppo", "--params", "configs/gi_nip_ppo_small.json",
             "--set", "dataset=test", "--set", "rl.num_iterations=2", "--set", "rl.frames_per_batch=64",
@@ -50,6 +112,13 @@ def test_a_run_through_prefect_validates_its_parameters_once(prefect_server, tmp
     assert "status          completed" in capsys.readouterr().out
     # the CLI's build; the flow, its two RL blocks, their tasks and the run store reuse it
     assert len(validations) == 1 and validations[0][0]["seed"] == seed
+    # every loss computed went the documented way, frame by frame (other frames between them)
+    documented = documented_walk("loss")
+    assert stacks
+    for stack in stacks:
+        positions = [stack.index(frame) if frame in stack else None for frame in documented]
+        assert None not in positions, [f for f, p in zip(documented, positions) if p is None]
+        assert positions == sorted(positions)
     stored = RunStore(str(tmp_path)).load_params("once")
     assert len(validations) == 1 and stored.seed == seed
     # a different tree is validated (and refused) as before

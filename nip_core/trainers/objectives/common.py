@@ -1,4 +1,4 @@
-"""Pieces shared by the RL objectives: GAE with per-agent keys, advantages, critic loss.
+"""Pieces shared by the RL objectives: the per-agent keys, advantages, critic loss.
 
 The loss modules use them through :class:`~nip_core.trainers.objectives.base.NipLossModule`,
 which passes its (renamable) keys; the defaults are the per-agent keys :data:`AGENT_KEYS`.
@@ -11,18 +11,10 @@ import torch.nn.functional as F
 from tensordict import TensorDictBase
 from tensordict.utils import NestedKey
 from torch import Tensor
-from torchrl.objectives.value import GAE
 
 AGENT_KEYS = dict(advantage=("agents", "advantage"), value_target=("agents", "value_target"),
                   value=("agents", "value"), reward=("agents", "reward"), done=("agents", "done"),
                   terminated=("agents", "terminated"))
-
-
-def make_gae(hyper_params) -> GAE:
-    """TorchRL GAE reading/writing the per-agent keys (values are supplied, no value net)."""
-    gae = GAE(gamma=hyper_params.rl.gamma, lmbda=hyper_params.rl.lmbda, value_network=None)
-    gae.set_keys(**AGENT_KEYS)
-    return gae
 
 
 def normalized_advantage(td: TensorDictBase, normalize: bool,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from torchrl.objectives.value import GAE
+
 from nip_core.parameters import HyperParameters
 from nip_core.parameters.agents import GraphIsomorphismAgentParameters
 from nip_core.scenarios.graph_isomorphism.build import build_graph_isomorphism
 from nip_core.settings import ExperimentSettings
+from nip_core.trainers.objectives.common import AGENT_KEYS
 from tests.nip_core.environments.standins import RandomGraphDataset
 
 TINY = GraphIsomorphismAgentParameters.construct_test_params().model_dump()
@@ -87,3 +90,11 @@ def train_config(params_file, tmp_path, run_id: str, overrides=()):
     train = [r["mean_decided_accuracy"] for r in rows
              if r.get("kind", "train") == "train" and "mean_decided_accuracy" in r]
     return hp, train, [r for r in rows if r.get("kind") == "test"]
+
+
+def per_agent_gae(hyper_params) -> GAE:
+    """A plain TorchRL GAE on the per-agent keys (values supplied, no value net): what the
+    trainers built by hand before their loss modules made it (``make_value_estimator``)."""
+    gae = GAE(gamma=hyper_params.rl.gamma, lmbda=hyper_params.rl.lmbda, value_network=None)
+    gae.set_keys(**AGENT_KEYS)
+    return gae

@@ -94,3 +94,28 @@ def test_a_bad_profile_range_names_the_setting(tmp_path):
     with pytest.raises(ValueError, match="settings.profile_iterations"):
         parse_iteration_range("5:2")
     assert parse_iteration_range("0:3") == (0, 3) and parse_iteration_range(None) is None
+
+
+def test_a_smoke_run_takes_one_minibatch_step_per_iteration_and_writes_nothing(tmp_path, monkeypatch):
+    """``settings.test_run`` (nip's smoke run, docs/behaviour.md#b46): the whole loop, one
+    minibatch step per iteration instead of ``num_epochs x batches``, no run store."""
+    from nip_core.runs import NullRun
+    from nip_core.trainers.objectives.base import NipLossModule
+    from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
+    from tests.nip_core.trainers.gi_helpers import settings_for, tiny_scenario
+
+    steps = []
+    advantage = NipLossModule.advantage
+    monkeypatch.setattr(NipLossModule, "advantage", lambda self, td: steps.append(1) or advantage(self, td))
+    hp = tiny_params()
+    make_trainer(hp, tmp_path / "full").run_iterations(0, 2)
+    assert len(steps) == 2 * hp.rl.num_epochs * (hp.rl.frames_per_batch // hp.rl.minibatch_size) == 8
+    steps.clear()
+    settings = settings_for(tmp_path / "smoke", run_id="smoke", test_run=True)
+    smoke = VanillaPpoTrainer(hp, settings=settings, scenario_instance=tiny_scenario(hp, settings))
+    assert isinstance(smoke.run, NullRun)
+    before = params_of(smoke)
+    smoke.run_iterations(0, 2)
+    assert len(steps) == 2
+    assert any(not torch.equal(before[k], v) for k, v in params_of(smoke).items())  # it did train
+    assert not (tmp_path / "smoke").exists() or not any((tmp_path / "smoke").rglob("*.json"))

@@ -11,13 +11,12 @@ from torchrl.objectives.value import GAE
 
 from nip_core.environments.rollouts import collect_batch
 from nip_core.trainers.objectives.base import NipLossModule
-from nip_core.trainers.objectives.common import make_gae
 from nip_core.trainers.objectives.ppo import ClipPpoLoss
 from nip_core.trainers.objectives.spg import SpgLoss
 from nip_core.trainers.reinforce import ReinforceTrainer
 from nip_core.trainers.spg import SpgTrainer
 from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
-from tests.nip_core.trainers.gi_helpers import settings_for, tiny_params, tiny_scenario
+from tests.nip_core.trainers.gi_helpers import per_agent_gae, settings_for, tiny_params, tiny_scenario
 
 TRAINERS = {
     "vanilla_ppo": (VanillaPpoTrainer, {}),
@@ -101,7 +100,7 @@ def test_a_loss_built_the_guides_way_gives_the_trainers_advantage(tmp_path):
     assert torch.equal(fresh["agents", "advantage"], batch["agents", "advantage"])
     assert torch.equal(fresh["agents", "value_target"], batch["agents", "value_target"])
     old_path = batch.exclude(("agents", "advantage"), ("agents", "value_target"))
-    make_gae(trainer.hyper_params)(old_path)  # the GAE the trainers built before
+    per_agent_gae(trainer.hyper_params)(old_path)  # the GAE the trainers built before
     assert torch.equal(old_path["agents", "advantage"], batch["agents", "advantage"])
     assert not torch.equal(fresh["agents", "advantage"], torch.zeros_like(fresh["agents", "advantage"]))
     # Without arguments the defaults are rl.gamma and rl.lmbda.

@@ -7,9 +7,10 @@ import torch
 from tensordict import TensorDict
 
 from nip_core.parameters import HyperParameters
-from nip_core.trainers.objectives.common import make_gae, normalized_advantage
+from nip_core.trainers.objectives.common import normalized_advantage
 from nip_core.trainers.objectives.ppo import ClipPpoLoss, KlPenaltyPpoLoss
 from nip_core.trainers.objectives.reinforce import ReinforceLoss
+from tests.nip_core.trainers.gi_helpers import per_agent_gae
 
 
 def hp(**kw):
@@ -29,7 +30,7 @@ def test_gae_per_agent_stops_at_episode_ends():
                                                   "terminated": done}, batch_size=(1, T, 2))},
                            batch_size=(1, T)),
     }, batch_size=(1, T))
-    make_gae(hp())(td)
+    per_agent_gae(hp())(td)
     gamma = lmbda = 0.5
     expected = torch.zeros(T, 2)
     for a in range(2):

@@ -167,3 +167,22 @@ def test_the_test_stage_tests_the_final_models(rerun, version, scheme, tested):
         run_test_loop_at=lambda i: calls.append(i) or {"test_mean_accuracy": 0.5})
     out = stages.STAGES[stages.Stage.TEST](trainer)
     assert calls == tested and out == ({"metrics": {"test_mean_accuracy": 0.5}} if tested else {})
+
+
+def test_the_drivers_reload_gives_the_groups_the_stored_state(tmp_path, server):
+    """``tasks.stages.refresh_state`` (what a stage task and the pure-text flow call before
+    each stage and after a suspension) goes through the trainer's ``reload_state``: a job id
+    another driver stored reaches the trainer's shared model groups, not only its state."""
+    from tasks.stages import refresh_state
+
+    hp = params()
+    st = settings(tmp_path, server.base_url, "reload")
+    store = RunStore(st.runs_dir)
+    stale = PureTextEiTrainer(hp, settings=st, run=store.open_run("reload", hp))
+    other = PureTextEiTrainer(hp, settings=st, run=store.open_run("reload", hp))
+    other.groups["verifier"].state.fine_tune_job_id = "ftjob-from-the-other-driver"
+    other.save_state()
+    assert stale.groups["verifier"].state.fine_tune_job_id is None
+    refresh_state(stale)
+    assert stale.state.shared_model_groups["verifier"].fine_tune_job_id == "ftjob-from-the-other-driver"
+    assert stale.groups["verifier"].state.fine_tune_job_id == "ftjob-from-the-other-driver"

@@ -1,0 +1,89 @@
+"""Run stores written by an older nipflow resume with today's code and train on as today's would.
+
+``tests/data/run_stores_f717b65.tar.gz`` holds two runs that f717b65 (the revision before the
+house was rearranged: one run driver, one parameter carrier, the API server beside the domain
+library) stopped part-way; ``tests/data/make_run_stores.py`` wrote them. Each is resumed with
+``nipflow resume`` and compared with the same run trained by today's code from the start
+(its parameters are the stored ``hyper_params.json``): what today's code computes after the
+resume is what it computes uninterrupted, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+
+pytestmark = pytest.mark.slow
+ARCHIVE = Path(__file__).resolve().parent / "data" / "run_stores_f717b65.tar.gz"
+RUN_FLAGS = ["--direct", "--no-wandb", "--progress", "off"]
+
+
+@pytest.fixture
+def runs(tmp_path):
+    with tarfile.open(ARCHIVE) as archive:
+        archive.extractall(tmp_path / "runs", filter="data")
+    return tmp_path / "runs"
+
+
+def metric_rows(run_dir: Path) -> dict[tuple[int, str], dict]:
+    """The run's metrics rows by (iteration, kind), without wall-clock figures."""
+    rows = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows[row["iteration"], row["kind"]] = {k: v for k, v in row.items()
+                                               if "time" not in k and not k.startswith("timing")}
+    return rows
+
+
+def fresh_run(runs: Path, stored: Path, run_id: str) -> Path:
+    params = json.loads((stored / "hyper_params.json").read_text())
+    argv = ["run", params["scenario"], params["trainer"], "--params", str(stored / "hyper_params.json"),
+            "--runs-dir", str(runs), "--run-id", run_id, *RUN_FLAGS]
+    assert main(argv) == 0
+    return runs / run_id
+
+
+def test_a_graph_isomorphism_run_of_f717b65_resumes_from_its_pickled_checkpoint(runs, one_thread, capsys, caplog):
+    old = runs / "gi-f717b65"
+    before = metric_rows(old)
+    assert sorted(before) == [(0, "train"), (1, "train")]
+    assert main(["resume", "gi-f717b65", "--runs-dir", str(runs), *RUN_FLAGS]) == 0
+    out = capsys.readouterr().out
+    assert "status          completed" in out and "iterations      4/4" in out
+    assert "a pickled checkpoint of an earlier nipflow" in caplog.text
+    resumed = metric_rows(old)
+    assert metric_rows(old)[0, "train"] == before[0, "train"]  # what f717b65 logged is kept
+    today = metric_rows(fresh_run(runs, old, "gi-today"))
+    assert sorted(resumed) == sorted(today) == [(0, "train"), (1, "train"), (2, "train"), (3, "train"),
+                                                (4, "test")]
+    for key in [(2, "train"), (3, "train"), (4, "test")]:
+        assert resumed[key] == today[key], key
+
+
+@pytest.mark.long(60)
+def test_a_code_validation_run_of_f717b65_resumes_at_its_fine_tune_stage(runs, monkeypatch, capsys):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)  # the local API server, started for the runs
+    old = runs / "cv-f717b65"
+    assert json.loads((old / "state.json").read_text())["train_loop_stage"] == "create_fine_tune_jobs"
+    before = metric_rows(old)
+    assert sorted(before) == [(0, "train")]
+    assert main(["resume", "cv-f717b65", "--runs-dir", str(runs), *RUN_FLAGS]) == 0
+    out = capsys.readouterr().out
+    assert "status          completed" in out and "iterations      2/2" in out and "fine-tune jobs  1" in out
+    resumed = metric_rows(old)
+    assert resumed[0, "train"] == before[0, "train"]  # f717b65's row (fewer statistics than today's) kept
+    today = metric_rows(fresh_run(runs, old, "cv-today"))
+    assert sorted(resumed) == sorted(today) == [(0, "train"), (1, "test"), (1, "train")]
+    for key in [(1, "train"), (1, "test")]:  # after the fine-tune job of the resumed stage
+        assert resumed[key] == today[key], key
+    assert resumed[1, "test"]["test_mean_accuracy"] == today[1, "test"]["test_mean_accuracy"] is not None
+    today = runs / "cv-today"
+    for name in ("rollouts/0.json", "rollouts/1.json", "models/iter_1.json"):
+        assert (old / name).exists(), name
+    assert json.loads((old / "rollouts/1.json").read_text()) == json.loads((today / "rollouts/1.json").read_text())
+    assert [p.name for p in sorted((old / "stages").iterdir())] == [p.name for p in sorted((today / "stages").iterdir())]
