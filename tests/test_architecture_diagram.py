@@ -19,6 +19,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -103,3 +105,27 @@ def test_a_renamed_method_is_caught():
                   if "run_iterations(" in d]  # the RL block's
     assert unknown_calls(diagram.replace("run_iterations(", "run_iteration_range(")) == [
         "K->>T: run_iteration_range"]
+
+
+LAYERS = {"flows": 2, "tasks": 1, "nip_core": 0}
+
+
+def documented_walk(name: str) -> list[str]:
+    """The frames of the walk ``name`` (``loss``, ``fine-tune``) of docs/architecture.md#params-walk,
+    outermost first."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split(f"<!-- walk: {name} -->", 1)[1].split("<!-- /walk -->", 1)[0]
+    return re.findall(r"^\d+\. `([\w.]+)`", block, re.MULTILINE)
+
+
+@pytest.mark.parametrize("walk", ["loss", "fine-tune"])
+def test_the_walk_of_the_parameters_names_real_code_and_only_goes_down_the_layers(walk):
+    """Each frame exists; no frame calls into a layer above its own. That the frames are the
+    real stack of a run is checked in tests/flows/test_params_built_once.py."""
+    frames = documented_walk(walk)
+    assert len(frames) >= 10
+    for frame in frames:
+        assert callable(_resolve(frame)), frame
+    layers = [LAYERS[frame.split(".")[0]] for frame in frames]
+    assert layers == sorted(layers, reverse=True), list(zip(frames, layers))
+    assert set(layers) == {0, 1, 2}  # the orchestration, the tasks, the domain: each crossed once

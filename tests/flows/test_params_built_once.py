@@ -10,52 +10,15 @@ JSON; the parameters are immutable, so sharing them is safe).
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import os
-import re
 import sys
-from pathlib import Path
 
 import pytest
 
 from flows.cli import main
 from nip_core.parameters import HyperParameters, ParameterError
-
-ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
-LAYERS = {"flows": 2, "tasks": 1, "nip_core": 0}
-
-
-def documented_walk(name: str) -> list[str]:
-    """The frames of the walk ``name`` (``loss``, ``fine-tune``) in docs/architecture.md, outermost first."""
-    text = ARCHITECTURE.read_text()
-    block = text.split(f"<!-- walk: {name} -->", 1)[1].split("<!-- /walk -->", 1)[0]
-    return re.findall(r"^\d+\. `([\w.]+)`", block, re.MULTILINE)
-
-
-def resolve(dotted: str):
-    """The object ``dotted`` names: the longest importable module prefix, then attributes."""
-    parts = dotted.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ModuleNotFoundError(dotted)
-
-
-@pytest.mark.parametrize("walk", ["loss", "fine-tune"])
-def test_the_documented_walk_names_real_code_and_only_goes_down_the_layers(walk):
-    frames = documented_walk(walk)
-    assert len(frames) >= 10
-    for frame in frames:
-        assert callable(resolve(frame)), frame
-    layers = [LAYERS[frame.split(".")[0]] for frame in frames]
-    assert layers == sorted(layers, reverse=True), list(zip(frames, layers))
-    assert set(layers) == {0, 1, 2}  # the orchestration, the tasks, the domain: each crossed once
+from tests.test_architecture_diagram import documented_walk
 
 
 def frames_of_this_stack() -> list[str]:
