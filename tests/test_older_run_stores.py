@@ -57,7 +57,7 @@ def test_a_graph_isomorphism_run_of_f717b65_resumes_from_its_pickled_checkpoint(
     assert "status          completed" in out and "iterations      4/4" in out
     assert "a pickled checkpoint of an earlier nipflow" in caplog.text
     resumed = metric_rows(old)
-    assert metric_rows(old)[0, "train"] == before[0, "train"]  # what f717b65 logged is kept
+    assert resumed[0, "train"] == before[0, "train"]  # what f717b65 logged is kept
     today = metric_rows(fresh_run(runs, old, "gi-today"))
     assert sorted(resumed) == sorted(today) == [(0, "train"), (1, "train"), (2, "train"), (3, "train"),
                                                 (4, "test")]
@@ -65,9 +65,21 @@ def test_a_graph_isomorphism_run_of_f717b65_resumes_from_its_pickled_checkpoint(
         assert resumed[key] == today[key], key
 
 
-@pytest.mark.long(60)
+@pytest.mark.long(25)
 def test_a_code_validation_run_of_f717b65_resumes_at_its_fine_tune_stage(runs, monkeypatch, capsys):
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)  # the local API server, started for the runs
+    from nipflow_llm_server.launcher import LocalApiServer
+
+    # The runs' local API server (where `nipflow` looks without OPENAI_BASE_URL), started here
+    # with fast fine-tune jobs and left running by both runs.
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    server = LocalApiServer(runs / ".llm-server", detached=True, job_time_scale=0.02).start()
+    try:
+        check_code_validation_resume(runs, capsys)
+    finally:
+        server.stop()
+
+
+def check_code_validation_resume(runs: Path, capsys) -> None:
     old = runs / "cv-f717b65"
     assert json.loads((old / "state.json").read_text())["train_loop_stage"] == "create_fine_tune_jobs"
     before = metric_rows(old)
