@@ -323,18 +323,16 @@ class ExperimentParameters(BaseModel):
         The spec holds no secret: a worker adds its own (:meth:`RunSpec.experiment_settings`).
         """
         hyper_params = self.hyper_params()
-        return RunSpec.of(hyper_params, self._settings(hyper_params, flow_run_id))
+        return RunSpec.of(hyper_params, self.settings(hyper_params, flow_run_id))
 
     def settings(self, hyper_params: HyperParameters, flow_run_id: Optional[str] = None) -> ExperimentSettings:
-        """The run-time settings, with this worker's secrets; without ``run_id`` the run id
-        derives from ``flow_run_id``.
+        """The run-time settings the form asks for, without secrets (a worker adds its own:
+        :meth:`RunSpec.experiment_settings`); without ``run_id`` the run id derives from
+        ``flow_run_id``.
 
         A flow run keeps its id when it is resumed after a suspension or rescheduled
         after a crash, so the derived run id (and all its cached work) stays the same.
         """
-        return with_secrets(self._settings(hyper_params, flow_run_id))
-
-    def _settings(self, hyper_params: HyperParameters, flow_run_id: Optional[str]) -> ExperimentSettings:
         if self.run_id:
             run_id = validate_run_id(self.run_id)
         elif flow_run_id:

@@ -180,7 +180,7 @@ def test_missing_block_means_no_key(prefect_server, monkeypatch, tmp_path):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert openai_api_key() is None
     params = _gi_params(tmp_path, "gi-nokey")
-    assert params.settings(params.hyper_params()).openai_api_key is None
+    assert params.run_spec().experiment_settings().openai_api_key is None
 
 
 def test_unreachable_block_is_logged_without_the_value(prefect_server, monkeypatch, caplog):
@@ -223,10 +223,8 @@ def test_environment_key_wins_over_the_block(secret_block, monkeypatch, tmp_path
     monkeypatch.setenv("OPENAI_API_KEY", ENV_KEY)
     assert openai_api_key().get_secret_value() == ENV_KEY
     params = _gi_params(tmp_path, "gi-env")
-    hp = params.hyper_params()
-    settings = params.settings(hp)
-    assert settings.openai_api_key.get_secret_value() == ENV_KEY
-    spec = RunSpec.of(hp, settings)
+    assert params.settings(params.hyper_params()).openai_api_key is None  # the form never holds one
+    spec = params.run_spec()
     assert ENV_KEY not in spec.model_dump_json() and "openai_api_key" not in spec.settings
     assert spec.experiment_settings().openai_api_key.get_secret_value() == ENV_KEY
     monkeypatch.delenv("OPENAI_API_KEY")

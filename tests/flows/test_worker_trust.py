@@ -34,7 +34,7 @@ def test_a_flow_run_cannot_send_the_workers_key_to_another_host(worker_env, tmp_
     worker_env.setattr(secret_blocks, "openai_api_key", lambda: asked.append(1))
     params = _cv_params(tmp_path, openai_base_url=EVIL)
     with pytest.raises(ValueError) as info:
-        params.settings(params.hyper_params())
+        params.run_spec().experiment_settings()  # what the worker builds the trainer with
     message = str(info.value)
     assert message.startswith(f"settings_overrides.openai_base_url: '{EVIL}' is not an API base URL")
     assert "NIPFLOW_ALLOWED_API_BASE_URLS" in message and "sk-worker-key" not in message
@@ -57,7 +57,7 @@ def test_the_workers_own_url_and_its_allowlist_are_trusted_and_nothing_beside_th
         with pytest.raises(ValueError, match="is not an API base URL this worker sends its key to"):
             check_api_base_url(url)
     params = _cv_params(tmp_path, openai_base_url="https://proxy.example/v1")
-    settings = params.settings(params.hyper_params())
+    settings = params.run_spec().experiment_settings()  # what the worker builds the trainer with
     assert settings.openai_base_url == "https://proxy.example/v1"
     assert settings.openai_api_key.get_secret_value() == "sk-worker-key-3c9d"
 
@@ -78,4 +78,4 @@ def test_run_stores_are_limited_to_the_workers_allowlist_when_it_has_one(worker_
         check_run_store_allowed(str(store / "link" / "runs"))
     params = _cv_params(tmp_path)  # runs_dir tmp_path/runs: outside
     with pytest.raises(ValueError, match="^runs_dir: "):
-        params.settings(params.hyper_params())
+        params.run_spec().experiment_settings()  # what the worker builds the trainer with
