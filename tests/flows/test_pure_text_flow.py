@@ -128,7 +128,7 @@ def test_sigkill_inside_a_stage_then_resume(fakes, tmp_path, subprocess_env):
 
 @pytest.mark.long(75)
 @pytest.mark.slow
-def test_two_processes_racing_execute_each_stage_once(fakes, tmp_path, subprocess_env):
+def test_two_processes_racing_execute_each_stage_once(fakes, tmp_path, subprocess_env, monkeypatch):
     from flows.experiment import train_experiment
 
     params = _params(tmp_path, "text-race")
@@ -136,6 +136,9 @@ def test_two_processes_racing_execute_each_stage_once(fakes, tmp_path, subproces
     child = _start_child(params, subprocess_env, FAKE_SLEEP_AT="0:log_stats", FAKE_SLEEP_S="3")
     started = lambda: any(e["event"] == "start" and e["stage"] == "log_stats" for e in fakes.executions(run_dir))  # noqa: E731
     _wait_for(started, child)
+    # The racer waits for the child's lease for 1.5 of its own ttl: long enough for the child
+    # to finish its run on a loaded machine (the child's claims keep the tests' 5 s ttl).
+    monkeypatch.setenv("NIPFLOW_LEASE_TTL_S", "60")
     here = train_experiment(**params.flow_parameters(), return_state=True)  # races the child from log_stats on
     assert child.wait(timeout=120) == 0, child.stdout.read().decode()[-3000:]
     assert here.is_completed()
