@@ -3,7 +3,7 @@
 Starts a local server on a free loopback port whose every chat completion takes
 ``--latency-ms`` (default 200 ms, standing in for a remote API), builds the code-validation
 scenario (nip protocol) and samples the same rollouts with the trainer's own sampler
-(:func:`nip_core.trainers.pure_text_rollouts.sample_rollouts`, one thread per concurrent
+(:func:`nip_core.trainers.pure_text_rollouts.run_episodes`, one thread per concurrent
 episode, one shared ``openai`` client) at concurrency 1 and 32. Prints rollouts per second
 at each level and the speedup. Last line: ``c1=<float> c32=<float> speedup=<float>``.
 Target: speedup >= 20.
@@ -26,7 +26,7 @@ from nipflow_llm_server.launcher import LocalApiServer  # noqa: E402
 from nip_core.parameters import HyperParameters  # noqa: E402
 from nip_core.scenarios.registry import build_scenario_instance  # noqa: E402
 from nip_core.settings import ExperimentSettings  # noqa: E402
-from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, sample_rollouts, stable_seed  # noqa: E402
+from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, run_episodes, stable_seed  # noqa: E402
 
 
 def measure(scenario, hp, count: int, concurrency: int) -> tuple[float, int]:
@@ -36,7 +36,7 @@ def measure(scenario, hp, count: int, concurrency: int) -> tuple[float, int]:
     seeds = [stable_seed(hp.seed, "bench", k, modulus=2**16) for k in range(count)]
     actor = TextActor(env, scenario.whole_agents(), hp.interaction_protocol, hp)
     t0 = time.perf_counter()
-    rollouts = sample_rollouts(env, actor, ds, indices, seeds, concurrency)
+    rollouts = run_episodes(env, actor, ds, indices, seeds, concurrency)
     elapsed = time.perf_counter() - t0
     assert len(rollouts) == count
     return count / elapsed, actor.tokens

@@ -163,6 +163,8 @@ CASES = [
     (["api-server", "--allow-download"], "--allow-download"),
     (["api-server", "--engine", "transformers", "--batch-window-ms", "5000"], "--batch-window-ms"),
     (["api-server", "--engine", "transformers", "--max-batch-size", "0"], "--max-batch-size"),
+    (["api-server", "--engine", "transformers", "--prefix-cache-mb", "-1"], "--prefix-cache-mb"),
+    (["api-server", "--engine", "vllm", "--prefix-cache-mb", "64"], "--prefix-cache-mb"),
     (["api-server", "--engine", "vllm", "--tensor-parallel-size", "0"], "--tensor-parallel-size"),
     (["api-server", "--engine", "vllm", "--gpu-memory-utilization", "2"], "--gpu-memory-utilization"),
     (["api-server", "--bogus"], "--bogus"),

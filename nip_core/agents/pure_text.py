@@ -112,13 +112,15 @@ class PureTextWholeAgent:
         return self._structured[model]
 
     def generate(self, messages: list[dict[str, str]], seed: int | None = None, *,
-                 decision: bool = False) -> tuple[str, str, int]:
+                 decision: bool = False, form: str | None = None) -> tuple[str, str, int]:
         """One completion: ``(content, finish_reason, total_tokens)``.
 
         ``seed`` makes the sampling reproducible where the API supports it. ``decision``: the
         reply must be a decision (a verifier's last round); with the agent's
         ``decision_constraint`` on, the API is asked to hold it to ``Decision: accept`` or
-        ``Decision: reject`` (``guided_choice``). Rate limits (429 with ``Retry-After``) and connection errors are retried by the
+        ``Decision: reject`` (``guided_choice``). ``form``: the regular expression of a valid
+        reply in the other rounds (a verifier's questions), held to in the same way
+        (``guided_regex``). Rate limits (429 with ``Retry-After``) and connection errors are retried by the
         openai client itself.
         """
         p = self.params
@@ -130,8 +132,8 @@ class PureTextWholeAgent:
             kwargs["temperature"] = p.temperature
         if p.top_p is not None:
             kwargs["top_p"] = p.top_p
-        if decision and self._constrain_decisions(kwargs["model"]):
-            kwargs["extra_body"] = {"guided_choice": list(DECISION_CHOICES)}
+        if (decision or form) and self._constrain_decisions(kwargs["model"]):
+            kwargs["extra_body"] = {"guided_choice": list(DECISION_CHOICES)} if decision else {"guided_regex": form}
         resp = self._client().chat.completions.create(**kwargs)
         choice = resp.choices[0]
         tokens = int(getattr(resp.usage, "total_tokens", 0) or 0) if resp.usage is not None else 0

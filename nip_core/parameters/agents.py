@@ -291,10 +291,11 @@ class CodeValidationAgentParameters(AgentParameters):
         20, ge=0, description="Re-samples of a reply that cannot be parsed; after that the agent sends "
                               "nothing in that round.")
     decision_constraint: Literal["auto", "on", "off"] = Field(
-        "auto", description="A verifier's reply in the round where it must decide: 'on' asks the API for "
-                            "structured output holding it to 'Decision: accept' or 'Decision: reject' "
-                            "(vLLM's guided_choice; nipflow's transformers and vLLM engines enforce it), "
-                            "'off' samples it freely, 'auto' is 'on' where the server lists the model with "
+        "auto", description="A verifier's replies: 'on' asks the API for structured output holding "
+                            "the reply in the round where it must decide to 'Decision: accept' or 'Decision: "
+                            "reject' (vLLM's guided_choice), and its replies in the other rounds to a "
+                            "decision or its 'Question for <Name>: ...' lines (guided_regex); nipflow's "
+                            "transformers and vLLM engines enforce both. 'off' samples them freely, 'auto' is 'on' where the server lists the model with "
                             "the structured_output capability (not OpenAI, whose models write the line "
                             "unaided). Provers never decide: 'on' is refused for them.")
 

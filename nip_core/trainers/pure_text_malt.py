@@ -224,10 +224,10 @@ class _BranchAgent:
         self.salt = salt
 
     def generate(self, messages: list[dict[str, str]], seed: int | None = None, *,
-                 decision: bool = False) -> tuple[str, str, int]:
+                 decision: bool = False, form: str | None = None) -> tuple[str, str, int]:
         if seed is not None:
             seed = stable_seed(seed, "malt", *self.salt, modulus=2**31)
-        return self.agent.generate(messages, seed=seed, decision=decision)
+        return self.agent.generate(messages, seed=seed, decision=decision, form=form)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from nip_core.scenarios.code_validation.text_protocols import (
     InvalidResponseError,
     build_chat_messages,
     parse_reply,
+    question_form,
     verifier_last_active_round,
 )
 
@@ -90,11 +91,13 @@ class TextActor:
                                          max_response_words=params.max_response_words, until_round=rnd)
             is_verifier = "verifier" in agent
             last = verifier_last_active_round(self.handler, agent, hist.seed) if is_verifier else -1
+            form = (question_form(self.handler, agent, active_channels, params.max_response_words)
+                    if is_verifier and rnd != last else None)
             parsed, text, tries = None, None, 0
             while parsed is None and tries <= params.num_invalid_generation_retries:
                 seed = stable_seed(hist.seed, int(state["datapoint_id"]), rnd, agent, tries, modulus=2**31)
                 text, finish, tokens = self.agents[agent].generate(prompt, seed=seed,
-                                                                   decision=is_verifier and rnd == last)
+                                                                   decision=is_verifier and rnd == last, form=form)
                 with self._lock:
                     self.tokens += tokens
                 if finish == "length":

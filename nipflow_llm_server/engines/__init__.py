@@ -60,7 +60,7 @@ def make_engine(config: Any) -> Engine:
     if config.engine == "transformers":
         from nipflow_llm_server.engines.transformers_engine import TransformersEngine
 
-        return TransformersEngine(full_fine_tune=config.full_fine_tune, **options)
+        return TransformersEngine(full_fine_tune=config.full_fine_tune, prefix_cache_mb=config.prefix_cache_mb, **options)
     if config.engine == "vllm":
         from nipflow_llm_server.engines.vllm_engine import VllmEngine
 

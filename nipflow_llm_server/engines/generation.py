@@ -1,16 +1,17 @@
-"""Batched sampling for the transformers engine: a batching queue and a decode loop.
+"""Batched sampling for the transformers engine: rows, and the decode loop they share.
 
-:class:`Batcher` runs one generation thread. A request waits at most ``window_s`` for
-others to join it; the requests gathered (up to ``max_batch`` sequences, a request with
-``n`` choices counting ``n``) are grouped by model and each group is generated together:
-prompts padded on the left, one forward pass per new token with the key/value cache.
+A :class:`DecodeBatch` decodes many rows (one per choice of a request) together, one new
+token per row per forward pass with the key/value cache; rows join between steps and leave
+when they finish (the queue that feeds it: :mod:`~nipflow_llm_server.engines.batching`).
+Each row's prompt reuses the longest kept prefix of an earlier turn
+(:mod:`~nipflow_llm_server.engines.prefix_cache`).
 
-:func:`generate_rows` samples every row with its own settings (temperature, nucleus
-``top_p``, a ``torch.Generator`` seeded from the request's ``seed`` and the choice index,
-token limit, stop strings), so a row's text does not depend on what it was batched with
-(up to floating-point noise from the padding). Temperature 0 is greedy. A row with a
-``matcher`` (structured output, :mod:`~nipflow_llm_server.engines.constraints`) samples only
-tokens the matcher allows and stops when the required form is complete.
+Every row is sampled with its own settings (temperature, nucleus ``top_p``, a
+``torch.Generator`` seeded from the request's ``seed`` and the choice index, token limit,
+stop strings), so a row's text does not depend on what it was batched with (up to
+floating-point noise from the padding). Temperature 0 is greedy. A row with a ``matcher``
+(structured output, :mod:`~nipflow_llm_server.engines.constraints`) samples only tokens the
+matcher allows and stops when the required form is complete.
 
 Why not ``model.generate``: a batch here mixes requests, and OpenAI's contract is per
 request. transformers' sampling (5.23, ``GenerationMixin._sample``) takes one generation
@@ -24,20 +25,18 @@ model's own forward pass and key/value cache; only the choice of the next token 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import queue
 import secrets
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from nipflow_llm_server.engines.base import Generation, SamplingParams, TokenLogprob
 from nipflow_llm_server.engines.constraints import mask_logits
+from nipflow_llm_server.engines.prefix_cache import PrefixCache, batched_past, row_kv
 
 log = logging.getLogger(__name__)
 
@@ -100,169 +99,168 @@ def _token_logprob(logits: torch.Tensor, token: int, top: int, decode: Callable[
     return TokenLogprob(token=decode([token]), logprob=float(logp[token]), top=alternatives)
 
 
-@torch.no_grad()
-def generate_rows(model: Any, tokenizer: Any, rows: Sequence[Row], device: str) -> list[Generation]:
-    """Generate all ``rows`` together (see the module docstring)."""
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    width = max(len(r.prompt) for r in rows)
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        input_ids[i, width - len(row.prompt):] = torch.tensor(row.prompt, dtype=torch.long)
-        attention[i, width - len(row.prompt):] = 1
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
-    out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
-    cache, logits = out.past_key_values, out.logits[:, -1, :].float().cpu()
-    next_pos = positions[:, -1:] + 1
-    tokens: list[list[int]] = [[] for _ in rows]
-    lps: list[list[TokenLogprob]] = [[] for _ in rows]
-    texts: list[str | None] = [None] * len(rows)
-    finish: list[str | None] = [None] * len(rows)
-    for step in range(max(r.max_new for r in rows)):
-        feed = []
-        for i, row in enumerate(rows):
-            if finish[i] is not None:
-                feed.append(pad)
-                continue
-            token = _sample(logits[i] if row.matcher is None else mask_logits(logits[i], row.matcher), row)
-            feed.append(token)
-            if row.matcher is not None and not row.matcher.consume_token(token):
-                raise RuntimeError(f"structured output: token {token} refused: {row.matcher.get_error()}")
-            if token == eos:
-                finish[i] = "stop"
-                continue
-            tokens[i].append(token)
-            if row.logprobs:
-                lps[i].append(_token_logprob(logits[i], token, row.top_logprobs, decode))
-            if row.matcher is not None and row.matcher.is_stopped():  # the form is complete
-                finish[i] = "stop"
-                continue
-            if row.stop:
-                text = decode(tokens[i])
-                cut = min((text.find(s) for s in row.stop if s and s in text), default=-1)
-                if cut >= 0:
-                    texts[i], finish[i] = text[:cut], "stop"
-                    continue
-            if len(tokens[i]) >= row.max_new:
-                finish[i] = "length"
-        if all(f is not None for f in finish):
-            break
-        attention = torch.cat([attention, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=1)
-        step_ids = torch.tensor(feed, dtype=torch.long, device=device)[:, None]
-        out = model(input_ids=step_ids, attention_mask=attention, position_ids=next_pos, past_key_values=cache,
-                    use_cache=True)
-        cache, logits = out.past_key_values, out.logits[:, -1, :].float().cpu()
-        next_pos = next_pos + 1
-    result = []
-    for i, row in enumerate(rows):
-        text = texts[i] if texts[i] is not None else decode(tokens[i])
-        result.append(Generation(text=text, finish_reason=finish[i] or "length", completion_tokens=len(tokens[i]),
-                                 logprobs=tuple(lps[i]) if row.logprobs else None))
-    return result
+@dataclass(eq=False)
+class Running:
+    """A row in a :class:`DecodeBatch`: what it has generated so far."""
+
+    row: Row
+    owner: Any  # whoever gets the generation (opaque to the batch)
+    tokens: list[int] = field(default_factory=list)
+    fed: list[int] = field(default_factory=list)  # tokens in the cache after the prompt
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    text: str | None = None
+    finish: str | None = None
+
+    def generation(self, decode: Callable[[list[int]], str]) -> Generation:
+        text = self.text if self.text is not None else decode(self.tokens)
+        return Generation(text=text, finish_reason=self.finish or "length", completion_tokens=len(self.tokens),
+                          logprobs=tuple(self.logprobs) if self.row.logprobs else None)
 
 
-@dataclass
-class _Pending:
-    key: Any  # requests with the same key share a forward pass (the same loaded model)
-    rows: list[Row]
-    run: Callable[[list[Row]], list[Generation]]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
+class DecodeBatch:
+    """Rows decoded together, one token each per :meth:`step`; rows join (:meth:`admit`) and
+    leave (when they finish) between steps.
 
-
-class Batcher:
-    """The batching queue (see the module docstring).
-
-    Parameters
-    ----------
-    window_s
-        How long the first request of a batch waits for others.
-    max_batch
-        Sequences generated together at most.
+    The batch keeps one key/value cache: row ``i``'s sequence occupies the last columns of
+    row ``i`` of the cache, left-padded and masked (``attention``). A joining group is
+    prefilled on its own (reusing kept prefixes, :mod:`~nipflow_llm_server.engines.prefix_cache`)
+    and its cache is concatenated to the batch's, the narrower of the two padded on the left.
+    A finished row leaves the cache at once, so no step is spent on it, and its prompt and
+    reply are kept in ``prefix_cache`` for the conversation's next turn.
     """
 
-    def __init__(self, window_s: float, max_batch: int):
-        self.window_s = window_s
-        self.max_batch = max_batch
-        self.batch_sizes: list[int] = []  # sequences of each forward group, for tests and logs
-        self._queue: queue.Queue[_Pending | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
+    def __init__(self, model: Any, tokenizer: Any, device: str, prefix_cache: PrefixCache | None = None,
+                 model_key: str = ""):
+        self.model, self.device = model, device
+        self.prefix_cache, self.model_key = prefix_cache, model_key
+        self.eos = tokenizer.eos_token_id
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+        self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        self.running: list[Running] = []
+        self.cache: Any = None  # transformers' DynamicCache of the running rows
+        self.attention = self.next_pos = self.logits = None
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="generation", daemon=True)
-            self._thread.start()
+    def __len__(self) -> int:
+        return len(self.running)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout)
-            self._thread = None
+    @torch.no_grad()
+    def admit(self, rows: Sequence[Row], owners: Sequence[Any]) -> None:
+        """Prefill ``rows`` and add them to the batch (``owners[i]`` is ``rows[i]``'s)."""
+        started = time.perf_counter()
+        pc = self.prefix_cache
+        pasts = [pc.lookup(self.model_key, r.prompt) if pc is not None else (0, None) for r in rows]
+        input_ids, attention, positions, past = batched_past(pasts, [r.prompt for r in rows], self.pad)
+        reused = sum(n for n, _ in pasts)
+        if pc is not None:
+            pc.reused_tokens += reused
+            pc.prefilled_tokens += sum(len(r.prompt) for r in rows) - reused
+        cache = None if past is None else _cache([(k.to(self.device), v.to(self.device)) for k, v in past])
+        attention, positions = attention.to(self.device), positions.to(self.device)
+        out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention, position_ids=positions,
+                         past_key_values=cache, use_cache=True)
+        logits = out.logits[:, -1, :].float().cpu()
+        log.info("admitted %d sequences (%d running): prefill of %d prompt tokens (%d more reused) in %.2f s",
+                 len(rows), len(self.running) + len(rows), sum(len(r.prompt) for r in rows) - reused, reused,
+                 time.perf_counter() - started)
+        self._join(out.past_key_values, attention, positions[:, -1:] + 1, logits)
+        self.running += [Running(row, owner) for row, owner in zip(rows, owners)]
 
-    async def submit(self, key: Any, rows: list[Row], run: Callable[[list[Row]], list[Generation]]) -> list[Generation]:
-        """Generate ``rows`` with ``run`` (called on the generation thread with the rows of
-        every request of the same ``key`` in the batch); returns this request's generations."""
-        self.start()
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._queue.put(_Pending(key, rows, run, loop, future))
-        return await future
-
-    def _gather(self, first: _Pending) -> tuple[list[_Pending], bool]:
-        batch, size = [first], len(first.rows)
-        deadline = time.monotonic() + self.window_s
-        while size < self.max_batch:
-            left = deadline - time.monotonic()
-            try:
-                item = self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:
-                return batch, True
-            batch.append(item)
-            size += len(item.rows)
-        return batch, False
-
-    def _loop(self) -> None:
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch, stopping = self._gather(first)
-            groups: dict[Any, list[_Pending]] = {}
-            for item in batch:
-                groups.setdefault(item.key, []).append(item)
-            for items in groups.values():
-                self._run_group(items)
-
-    def _run_group(self, items: list[_Pending]) -> None:
-        rows = [row for item in items for row in item.rows]
-        try:
-            generations: list[Generation] = []
-            for start in range(0, len(rows), self.max_batch):  # one request may hold more rows than a batch
-                chunk = rows[start:start + self.max_batch]
-                self.batch_sizes.append(len(chunk))
-                generations.extend(items[0].run(chunk))
-        except Exception as exc:  # every waiting request learns of the failure
-            log.exception("generation failed for a batch of %d sequences", len(rows))
-            for item in items:
-                item.loop.call_soon_threadsafe(_settle, item.future, None, exc)
+    def _join(self, cache: Any, attention: torch.Tensor, next_pos: torch.Tensor, logits: torch.Tensor) -> None:
+        if self.cache is None:
+            self.cache, self.attention, self.next_pos, self.logits = cache, attention, next_pos, logits
             return
-        offset = 0
-        for item in items:
-            mine = generations[offset:offset + len(item.rows)]
-            offset += len(item.rows)
-            item.loop.call_soon_threadsafe(_settle, item.future, mine, None)
+        width = max(self.attention.shape[1], attention.shape[1])
+
+        def widen(t: torch.Tensor, dim_from_end: int) -> torch.Tensor:  # left-pad the time dimension to ``width``
+            missing = width - t.shape[-dim_from_end]
+            return t if missing == 0 else torch.nn.functional.pad(t, (0, 0) * (dim_from_end - 1) + (missing, 0))
+
+        layers = [(torch.cat([widen(a.keys, 2), widen(b.keys, 2)]), torch.cat([widen(a.values, 2), widen(b.values, 2)]))
+                  for a, b in zip(self.cache.layers, cache.layers)]
+        self.cache = _cache(layers)
+        self.attention = torch.cat([widen(self.attention, 1), widen(attention, 1)])
+        self.next_pos = torch.cat([self.next_pos, next_pos])
+        self.logits = torch.cat([self.logits, logits])
+
+    @torch.no_grad()
+    def step(self) -> list[Running]:
+        """One token for every running row; returns the rows that finished (they leave)."""
+        feed = [self._choose(i, r) for i, r in enumerate(self.running)]
+        done = [i for i, r in enumerate(self.running) if r.finish is not None]
+        if self.prefix_cache is not None:
+            layers = [(layer.keys, layer.values) for layer in self.cache.layers]
+            for i in done:
+                r = self.running[i]
+                kept = list(r.row.prompt) + r.fed
+                self.prefix_cache.put(self.model_key, kept,
+                                      row_kv([(k[i], v[i]) for k, v in layers], self.attention[i], len(kept)))
+        finished = [self.running[i] for i in done]
+        keep = [i for i, r in enumerate(self.running) if r.finish is None]
+        if not keep:
+            self.running, self.cache = [], None
+            self.attention = self.next_pos = self.logits = None
+            return finished
+        if done:
+            self._keep(keep)
+        self.running = [self.running[i] for i in keep]
+        feed = [feed[i] for i in keep]
+        for r, token in zip(self.running, feed):
+            r.fed.append(token)
+        self.attention = torch.cat([self.attention, self.attention.new_ones((len(keep), 1))], dim=1)
+        out = self.model(input_ids=torch.tensor(feed, dtype=torch.long, device=self.device)[:, None],
+                         attention_mask=self.attention, position_ids=self.next_pos, past_key_values=self.cache,
+                         use_cache=True)
+        self.cache, self.logits = out.past_key_values, out.logits[:, -1, :].float().cpu()
+        self.next_pos = self.next_pos + 1
+        return finished
+
+    def _keep(self, keep: list[int]) -> None:
+        """Only rows ``keep`` stay; columns no remaining row uses go."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.attention.device)
+        attention = self.attention.index_select(0, index)
+        first = int(attention.any(0).nonzero()[0])
+        self.attention, self.next_pos = attention[:, first:], self.next_pos.index_select(0, index)
+        self.logits = self.logits.index_select(0, index.cpu())
+        self.cache = _cache([(layer.keys.index_select(0, index)[:, :, first:],
+                              layer.values.index_select(0, index)[:, :, first:]) for layer in self.cache.layers])
+
+    def _choose(self, i: int, r: Running) -> int:
+        """Row ``r``'s next token (from row ``i`` of the logits); sets ``r.finish`` when it ends."""
+        row, logits = r.row, self.logits[i]
+        token = _sample(logits if row.matcher is None else mask_logits(logits, row.matcher), row)
+        if row.matcher is not None and not row.matcher.consume_token(token):
+            raise RuntimeError(f"structured output: token {token} refused: {row.matcher.get_error()}")
+        if token == self.eos:
+            r.finish = "stop"
+            return token
+        r.tokens.append(token)
+        if row.logprobs:
+            r.logprobs.append(_token_logprob(logits, token, row.top_logprobs, self.decode))
+        if row.matcher is not None and row.matcher.is_stopped():  # the form is complete
+            r.finish = "stop"
+        elif row.stop:
+            text = self.decode(r.tokens)
+            cut = min((text.find(s) for s in row.stop if s and s in text), default=-1)
+            if cut >= 0:
+                r.text, r.finish = text[:cut], "stop"
+        if r.finish is None and len(r.tokens) >= row.max_new:
+            r.finish = "length"
+        return token
 
 
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.cancelled():  # the client went away
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+def _cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=list(layers))
+
+
+def generate_rows(model: Any, tokenizer: Any, rows: Sequence[Row], device: str,
+                  prefix_cache: PrefixCache | None = None, model_key: str = "") -> list[Generation]:
+    """Generate ``rows`` together in one :class:`DecodeBatch` (that no row joins later)."""
+    batch = DecodeBatch(model, tokenizer, device, prefix_cache, model_key)
+    batch.admit(rows, range(len(rows)))
+    result: list[Generation | None] = [None] * len(rows)
+    while len(batch):
+        for r in batch.step():
+            result[r.owner] = r.generation(batch.decode)
+    return result  # type: ignore[return-value]

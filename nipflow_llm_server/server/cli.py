@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--batch-window-ms", type=float, default=None,
                         help="requests arriving within this window are generated together (default 5)")
     engine.add_argument("--max-batch-size", type=int, default=None, help="sequences generated together at most (default 32)")
+    engine.add_argument("--prefix-cache-mb", type=float, default=None,
+                        help="transformers: memory for the keys and values of recent conversations, which their "
+                             "next turns reuse instead of computing them again (default 2048; 0: off)")
     engine.add_argument("--tensor-parallel-size", type=int, default=None, help="vLLM: GPUs one model is split over (default 1)")
     engine.add_argument("--gpu-memory-utilization", type=float, default=None,
                         help="vLLM: share of the GPU memory vLLM may take (default 0.5, leaving room for training)")

@@ -27,6 +27,7 @@ ENGINE_OPTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "allow_download": ("--allow-download", ("transformers", "vllm")),
     "batch_window_ms": ("--batch-window-ms", ("transformers", "vllm")),
     "max_batch_size": ("--max-batch-size", ("transformers", "vllm")),
+    "prefix_cache_mb": ("--prefix-cache-mb", ("transformers",)),
     "tensor_parallel_size": ("--tensor-parallel-size", ("vllm",)),
     "gpu_memory_utilization": ("--gpu-memory-utilization", ("vllm",)),
 }
@@ -49,7 +50,9 @@ class ServerConfig(BaseModel):
     served), ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``), ``full_fine_tune`` (train all
     weights instead of a LoRA adapter), ``allow_download`` (else the Hugging Face hub is never
     contacted), ``batch_window_ms`` / ``max_batch_size`` (requests arriving within the window
-    are generated together, up to that many sequences), ``tensor_parallel_size`` and
+    are generated together, up to that many sequences), ``prefix_cache_mb`` (memory for the
+    keys and values of recent conversations, reused by their next turns; 0 turns it off),
+    ``tensor_parallel_size`` and
     ``gpu_memory_utilization`` (vLLM).
     """
 
@@ -74,6 +77,7 @@ class ServerConfig(BaseModel):
     allow_download: bool = False
     batch_window_ms: float = Field(5.0, ge=0, le=1000)
     max_batch_size: int = Field(32, ge=1, le=1024)
+    prefix_cache_mb: float = Field(2048.0, ge=0)
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
 

@@ -17,7 +17,8 @@ import torch
 
 from nip_core.llm.capabilities import ModelNotFineTunableError, OpenAIFineTuningEndWarning, check_fine_tunable
 from nipflow_llm_server.engines.base import SamplingParams
-from nipflow_llm_server.engines.generation import Batcher, generate_rows, make_rows
+from nipflow_llm_server.engines.batching import Batcher
+from nipflow_llm_server.engines.generation import DecodeBatch, generate_rows, make_rows
 from nipflow_llm_server.engines.tiny import build_tiny_model, build_tokenizer, parameter_count
 from nipflow_llm_server.engines.trl_training import encode_prompt
 from nipflow_llm_server.server.config import ServerConfig
@@ -63,8 +64,8 @@ def test_concurrent_requests_are_generated_together_and_a_row_does_not_depend_on
     batcher = Batcher(window_s=0.2, max_batch=8)
 
     async def together():
-        run = lambda rows: generate_rows(model, tok, rows, "cpu")  # noqa: E731
-        return await asyncio.gather(*[batcher.submit("tiny", rows_of(k), run) for k in range(5)])
+        batch = lambda: DecodeBatch(model, tok, "cpu")  # noqa: E731
+        return await asyncio.gather(*[batcher.submit("tiny", rows_of(k), batch) for k in range(5)])
 
     try:
         results = asyncio.run(together())
@@ -72,6 +73,63 @@ def test_concurrent_requests_are_generated_together_and_a_row_does_not_depend_on
         batcher.stop()
     assert batcher.batch_sizes == [5]  # five requests of different lengths, one padded batch
     assert [r[0].text for r in results] == alone
+
+
+def _staggered_rows(tok, k: int, max_tokens: int, n: int = 1):
+    prompt = encode_prompt(tok, [{"role": "user", "content": "turn " * (k + 1)}])
+    return make_rows(prompt, SamplingParams(seed=k, max_tokens=max_tokens, temperature=1.0, n=n), 4096)[0]
+
+
+def test_rows_join_a_batch_between_steps_and_leave_it_when_they_finish():
+    tok, model = build_tokenizer(), build_tiny_model()
+    requests = [(0, 30), (1, 4), (2, 9), (3, 30)]  # (seed and prompt length, max_tokens)
+    alone = [generate_rows(model, tok, _staggered_rows(tok, *r), "cpu")[0] for r in requests]
+    assert all(g.finish_reason == "length" for g in alone)  # each runs to its limit
+    batch, texts, sizes = DecodeBatch(model, tok, "cpu"), {}, []
+    batch.admit(_staggered_rows(tok, *requests[0]), [0])
+    step = -1
+    while len(batch):
+        step += 1
+        if step in (3, 5):  # requests 1 and 2 join request 0's batch, then 3 joins with rows of different ages
+            joining = (1, 2) if step == 3 else (3,)
+            batch.admit([_staggered_rows(tok, *requests[k])[0] for k in joining], list(joining))
+        for r in batch.step():
+            texts[r.owner] = (step, r.generation(batch.decode).text)
+        sizes.append(len(batch))
+    assert [texts[k][1] for k in range(4)] == [g.text for g in alone]  # joining midway changes no row
+    # request 1 ends at the step of its 4th token (3 + 3), request 2 at its 9th, each leaving at once
+    # each leaves at the step of its last token: request 1 at 3 + 3, 2 at 3 + 8, 0 at 29, 3 at 5 + 29
+    assert [texts[k][0] for k in range(4)] == [29, 6, 11, 34]
+    assert sizes[:7] == [1, 1, 1, 3, 3, 4, 3] and sizes[11] == 2 and sizes[29] == 1 and len(sizes) == 35
+
+
+def test_a_request_is_answered_when_its_own_rows_finish():
+    tok, model = build_tokenizer(), build_tiny_model()
+    batcher = Batcher(window_s=0.0, max_batch=8)
+    finished: list[int] = []
+
+    async def staggered():
+        batch = lambda: DecodeBatch(model, tok, "cpu")  # noqa: E731
+
+        async def ask(k: int, max_tokens: int, n: int = 1):
+            result = await batcher.submit("tiny", _staggered_rows(tok, k, max_tokens, n), batch)
+            finished.append(k)
+            return result
+
+        long_one = asyncio.ensure_future(ask(0, 200))
+        while not batcher.batch_sizes:  # request 0 is being decoded
+            await asyncio.sleep(0.01)
+        short = await asyncio.gather(ask(1, 3), ask(2, 5, n=2))
+        assert not long_one.done()  # answered while request 0 still had most of its 200 tokens to go
+        return short, await long_one
+
+    try:
+        (short, long_one) = asyncio.run(staggered())
+    finally:
+        batcher.stop()
+    assert finished == [1, 2, 0] or finished == [2, 1, 0]  # not held back by request 0's 200 tokens
+    assert [g.completion_tokens for g in short[1]] == [5, 5] and long_one[0].completion_tokens == 200
+    assert batcher.batch_sizes[0] == 1 and max(batcher.batch_sizes) >= 2  # the short ones joined the long one
 
 
 def test_stop_strings_and_token_limits_end_a_row():

@@ -96,6 +96,40 @@ def test_a_verifiers_decision_turn_is_held_to_its_form_where_the_server_offers_i
     assert not set(replies("auto", decision=False)) & decided  # other rounds are not constrained
 
 
+def test_a_verifiers_question_turn_is_held_to_its_question_lines_and_parses(tiny_client):
+    """The untrained tiny model never writes a 'Question for Prover:' line alone (so every
+    question turn of a real small model used to be re-sampled up to 20 times)."""
+    from nip_core.agents.pure_text import PureTextWholeAgent
+    from nip_core.parameters import CodeValidationAgentParameters, HyperParameters
+    from nip_core.protocols import build_protocol_handler
+    from nip_core.scenarios.code_validation.text_protocols import (
+        InvalidResponseError, parse_reply, question_form, question_headers,
+    )
+
+    for protocol, n_channels in (("nip", 1), ("mnip", 2)):
+        hp = HyperParameters(scenario="code_validation", trainer="pure_text_ei", dataset="test", interaction_protocol=protocol)
+        handler = build_protocol_handler(hp)
+        channels = [ch for ch, _ in question_headers(handler, "verifier")]
+        assert len(channels) == n_channels
+        form = question_form(handler, "verifier", channels, max_response_words=20)  # 160 characters of questions
+
+        def replies(setting: str) -> list[str]:
+            params = CodeValidationAgentParameters(model_name=TINY, decision_constraint=setting,
+                                                   max_tokens_per_message=250)
+            agent = PureTextWholeAgent("verifier", params, lambda: tiny_client, lambda: TINY)
+            return [agent.generate(PROMPT, seed=s, form=form)[0] for s in range(4)]
+
+        def parses(text: str) -> bool:
+            try:
+                parse_reply(handler, "verifier", text, channels, may_decide=True, must_decide=False)
+                return True
+            except InvalidResponseError:
+                return False
+
+        assert all(parses(t) for t in replies("auto")), protocol
+        assert not any(parses(t) for t in replies("off")), protocol
+
+
 def test_on_is_refused_for_a_prover_and_named():
     from pydantic import ValidationError
 
