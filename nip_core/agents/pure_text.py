@@ -156,12 +156,16 @@ class PureTextSharedModelGroup:
     max_attempts
         Jobs per (iteration, group) before a failed or cancelled job fails the run
         (``text_rl.fine_tune_max_attempts``).
+    n_epochs
+        The jobs' ``n_epochs`` hyperparameter, or ``"auto"`` (the API's choice;
+        ``text_rl.fine_tune_n_epochs``).
     """
 
     def __init__(self, group_name: str, agent_names: list[str], params: Any, client_factory: Callable[[], Any],
-                 max_attempts: int = 3):
+                 max_attempts: int = 3, n_epochs: int | str = "auto"):
         self.group_name = group_name
         self.max_attempts = max_attempts
+        self.n_epochs = n_epochs
         self.agent_names = list(agent_names)
         self.params = params
         self._client = client_factory
@@ -319,13 +323,19 @@ class PureTextSharedModelGroup:
         extra = {"seed": record["seed"]} if record.get("seed") is not None else {}
         job, created, cancelled = remote.create_job_once(
             self._client(), self.job_metadata(run, run_id, iteration, attempt), model=record["base_model"],
-            training_file=record["file_id"], suffix=suffix, method={"type": record["method"]}, **extra)
+            training_file=record["file_id"], suffix=suffix, method=self._method(record["method"]), **extra)
         if not created:
             log.info("group %s iteration %d: adopted job %s (attempt %d)", self.group_name, iteration, job.id, attempt)
         record.update(job_id=job.id, attempt=attempt)
         _note_duplicates(record, cancelled)
         self._write_record(run, iteration, record)
         return self._use_job(job.id, attempt)
+
+    def _method(self, kind: str) -> dict[str, Any]:
+        """The job request's ``method``: its type, and the epochs when they are not the API's choice."""
+        if self.n_epochs == "auto":
+            return {"type": kind}
+        return {"type": kind, kind: {"hyperparameters": {"n_epochs": int(self.n_epochs)}}}
 
     def _use_job(self, job_id: str, attempt: int) -> str:
         self.state.fine_tune_job_id = job_id

@@ -182,6 +182,11 @@ class TextRlParameters(ParamsModel):
     test_on_whole_dataset: Annotated[bool, BaseRunPreserve("rerun_tests")] = Field(
         True, description="Test on every test datapoint (x num_test_iterations); False: "
                           "rollouts_per_iteration datapoints.")
+    fine_tune_n_epochs: Annotated[int, Field(gt=0, le=100)] | Literal["auto"] = Field(
+        "auto", description="Epochs of every fine-tune job (the API's n_epochs hyperparameter): 'auto' leaves "
+                            "them to the API (OpenAI picks by dataset size; nipflow's transformers engine "
+                            "trains 3 below 1,000 examples). On a CPU an epoch of a real model is most of an "
+                            "iteration's time.")
     fine_tune_max_attempts: int = Field(
         3, ge=1, le=20,
         description="jobs per (iteration, group): a failed or cancelled fine-tune job is retried as a new "

@@ -67,7 +67,8 @@ def build_code_validation(hyper_params: Any, settings: Any, **_: Any) -> Scenari
             if len({getattr(p, field) for p in ps}) > 1:
                 raise GroupConsistencyError(f"shared model group '{group}': agents {names} differ in '{field}'")
         groups[group] = g = PureTextSharedModelGroup(group, names, ps[0], client,
-                                                      max_attempts=hyper_params.text_rl.fine_tune_max_attempts)
+                                                      max_attempts=hyper_params.text_rl.fine_tune_max_attempts,
+                                                      n_epochs=hyper_params.text_rl.fine_tune_n_epochs)
         for a in names:
             agents[a] = Agent(whole=PureTextWholeAgent(a, hyper_params.agent_params(a), client,
                                                        lambda g=g: g.model_name))

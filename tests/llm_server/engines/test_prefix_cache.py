@@ -7,6 +7,10 @@ holds.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from nipflow_llm_server.engines.base import SamplingParams
@@ -91,3 +95,13 @@ def test_the_budget_drops_the_least_recently_used_and_zero_turns_it_off():
     off = PrefixCache(0)
     off.put("m", list(range(40)), kv)
     assert len(off) == 0 and off.lookup("m", list(range(40)))[0] == 0
+
+
+def test_the_benchmark_runs_both_passes_and_they_write_the_same_replies():
+    script = Path(__file__).resolve().parents[3] / "benchmarks" / "text_generation.py"
+    out = subprocess.run([sys.executable, str(script), "--model", "nipflow-tiny-lm", "--conversations", "2",
+                          "--turns", "2", "--max-tokens", "8", "--threads", "1"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    last = dict(item.split("=") for item in out.strip().splitlines()[-1].split())
+    assert last["same_replies"] == "4/4" and float(last["cache_s"]) > 0 and float(last["speedup"]) > 0
+    assert "prefilled" in out and out.count("  turn ") == 4

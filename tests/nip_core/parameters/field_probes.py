@@ -25,7 +25,7 @@ import json
 import re
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 import yaml
@@ -136,11 +136,10 @@ def _bounds(info: FieldInfo) -> dict[str, float]:
 
 
 def _core(annotation: Any) -> list[Any]:
-    """The non-None members of a (possibly optional) annotation."""
+    """The non-None members of a (possibly optional) annotation, ``Annotated`` members unwrapped."""
     origin = get_origin(annotation)
-    if origin in (Union, types.UnionType):
-        return [a for a in get_args(annotation) if a is not type(None)]
-    return [annotation]
+    members = get_args(annotation) if origin in (Union, types.UnionType) else (annotation,)
+    return [get_args(a)[0] if get_origin(a) is Annotated else a for a in members if a is not type(None)]
 
 
 def alternative(info: FieldInfo, default: Any) -> Any:

@@ -128,6 +128,7 @@ PROBES: dict[str, list[Probe]] = {
                                   trainers=TEXT_TRAINERS)],
     "rl.rollouts_per_iteration": [Probe(2, {"rl.frames_per_batch": None, "rl.rollouts_per_iteration": 4})],
     "rl.minibatch_size": [Probe(4)],
+    "text_rl.fine_tune_n_epochs": [Probe(1, trainers=TEXT_TRAINERS)],
     "nip_protocol.max_message_rounds": [Probe(8, trainers=TD_TRAINERS), Probe(3, trainers=TEXT_TRAINERS)],
     "test_size": [Probe(0.5, _PRETRAIN, trainers=RL_TRAINERS),
                   Probe(0.5, trainers=("solo_agent",))],

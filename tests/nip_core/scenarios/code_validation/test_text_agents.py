@@ -60,6 +60,23 @@ def test_job_identity_and_record(client, run):
     assert [j.id for j in jobs_with(client, "verifier", "idem")] == [job_id]
 
 
+def test_the_jobs_epochs_are_the_apis_choice_or_the_runs(client, run):
+    params = CodeValidationAgentParameters(model_name="gpt-4o-mini")
+    auto = PureTextSharedModelGroup("prover", ["prover"], params, lambda: client)
+    fixed = PureTextSharedModelGroup("verifier", ["verifier"], params, lambda: client, n_epochs=2)
+    jobs = [client.fine_tuning.jobs.retrieve(g.create_job_from_examples(examples(), run=run, run_id="epochs",
+                                                                        iteration=0, seed=5)) for g in (auto, fixed)]
+    # 'auto' stays the API's until the job resolves it when it starts (as OpenAI shows it)
+    assert [j.method.supervised.hyperparameters.n_epochs for j in jobs] == ["auto", 2]
+    hp = HyperParameters(scenario="code_validation", trainer="pure_text_ei", dataset="test",
+                         text_rl={"fine_tune_n_epochs": 1})
+    from nip_core.scenarios.registry import build_scenario_instance
+    from nip_core.settings import ExperimentSettings
+
+    built = build_scenario_instance(hp, ExperimentSettings(use_wandb=False, openai_base_url=str(client.base_url)))
+    assert {g.n_epochs for g in built.shared_model_groups.values()} == {1}
+
+
 def test_insufficient_data_and_frozen_create_no_job(client, run):
     params = CodeValidationAgentParameters(model_name="gpt-4o-mini")
     g = PureTextSharedModelGroup("prover", ["prover"], params, lambda: client)
