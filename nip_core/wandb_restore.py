@@ -315,7 +315,7 @@ def check_restored_files(run_id: str, files: dict[str, str], source: str) -> Res
             continue
         if file_sha256(files[rel]) != manifest.get("sha256"):
             raise WandbRestoreError(f"{files[rel]}: sha256 does not match its manifest {manifest_rel}")
-        if manifest.get("params_hash") != params_hash:
+        if manifest.get("params_hash") not in params.accepted_params_hashes():
             raise WandbRestoreError(f"{files[rel]}: written for params hash {manifest.get('params_hash')}, "
                                     f"the run's parameters have {params_hash}")
         checkpoints.append(name)

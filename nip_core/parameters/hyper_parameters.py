@@ -82,6 +82,14 @@ DEFAULT_AGENT_KEY = "_default"
 
 _NO_LINEAR_MESSAGES = "graph-isomorphism messages are nodes only; the linear message space is not implemented."
 
+#: Fields added after runs had been stored, oldest first, each with the value every run stored
+#: before it had in effect. Older code hashed trees without them, so a stored checkpoint of an
+#: older run carries the hash of the tree without the fields added since (at those values):
+#: :meth:`HyperParameters.accepted_params_hashes`. Append a field here when it is added.
+FIELDS_ADDED_SINCE_STORED_RUNS: tuple[tuple[str, Any], ...] = (
+    ("text_rl.fine_tune_n_epochs", "auto"),
+)
+
 
 class HyperParameters(ParamsModel):
     """All the parameters of an experiment, as a nested pydantic model.
@@ -277,6 +285,23 @@ class HyperParameters(ParamsModel):
     def params_hash(self, length: int = 16) -> str:
         """Stable hash of the parameters (sha256 of the canonical JSON, hex prefix)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:length]
+
+    def accepted_params_hashes(self, length: int = 16) -> frozenset[str]:
+        """:meth:`params_hash` and the hashes older code gave these parameters: the tree without
+        the last ``k`` fields of :data:`FIELDS_ADDED_SINCE_STORED_RUNS`, for every ``k`` whose
+        fields all hold the value older runs had."""
+        tree = self.to_dict()
+        hashes = {self.params_hash(length)}
+        for path, old_value in reversed(FIELDS_ADDED_SINCE_STORED_RUNS):
+            *groups, leaf = path.split(".")
+            node = tree
+            for group in groups:
+                node = node.get(group) if isinstance(node, dict) else None
+            if not isinstance(node, dict) or node.get(leaf, old_value) != old_value:
+                break
+            node.pop(leaf, None)
+            hashes.add(hashlib.sha256(canonical_json(tree).encode()).hexdigest()[:length])
+        return frozenset(hashes)
 
     # -- derived -----------------------------------------------------------------------
 

@@ -102,6 +102,7 @@ class Run:
         self.run_id = run_id
         self.params = params
         self.params_hash = params.params_hash()
+        self.accepted_params_hashes = params.accepted_params_hashes()  # with those older code wrote
         self.lock = RunLock(storage, run_id)
         self._incarnation: str | None = None
 
@@ -321,7 +322,7 @@ class Run:
             existing = self.read_json(manifest_rel, "checkpoint manifest")
         except CorruptCheckpointError:
             existing = {}
-        if existing.get("sha256") == sha and existing.get("params_hash") == self.params_hash:
+        if existing.get("sha256") == sha and existing.get("params_hash") in self.accepted_params_hashes:
             return f"checkpoints/{existing.get('data', f'{name}.pt')}"
         self.check_lease()
         raise WriteOnceConflictError(self.storage.url(manifest_rel), "checkpoint manifest")
@@ -348,7 +349,7 @@ class Run:
         if hashlib.sha256(data).hexdigest() != manifest.get("sha256"):
             raise CorruptCheckpointError(self.storage.full(data_rel),
                                          "sha256 does not match its manifest")
-        if manifest.get("params_hash") != self.params_hash:
+        if manifest.get("params_hash") not in self.accepted_params_hashes:
             raise CorruptCheckpointError(
                 self.storage.full(data_rel),
                 f"written for params hash {manifest.get('params_hash')}, run has {self.params_hash}",

@@ -81,6 +81,25 @@ def test_pinned_hash_value():
     assert hp.params_hash() == HyperParameters.from_dict(json.loads(hp.to_json())).params_hash()
 
 
+def test_a_field_added_since_runs_were_stored_keeps_their_hash_acceptable():
+    import hashlib
+
+    from nip_core.parameters.hyper_parameters import FIELDS_ADDED_SINCE_STORED_RUNS
+    from nip_core.parameters.hyper_parameters import canonical_json
+
+    hp = HyperParameters(**BASE)
+    older = hp.to_dict()
+    for path, value in FIELDS_ADDED_SINCE_STORED_RUNS:
+        group, leaf = path.split(".")
+        assert older[group].pop(leaf) == value  # the default is what older runs had
+    older_hash = hashlib.sha256(canonical_json(older).encode()).hexdigest()[:16]
+    assert older_hash != hp.params_hash() and hp.accepted_params_hashes() == {hp.params_hash(), older_hash}
+    # a run that sets the new field away from the old behaviour has no older hash
+    tuned = HyperParameters(scenario="code_validation", trainer="pure_text_ei", dataset="test",
+                            text_rl={"fine_tune_n_epochs": 2})
+    assert tuned.accepted_params_hashes() == {tuned.params_hash()}
+
+
 @pytest.mark.parametrize("data, path", [
     ({**BASE, "rl": {"lr": "fast"}}, "rl.lr"),
     ({**BASE, "rl": {"num_iterationz": 3}}, "rl.num_iterationz"),
