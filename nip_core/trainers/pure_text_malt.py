@@ -59,9 +59,8 @@ from typing import Any, Callable
 import numpy as np
 
 from nip_core.environments.nested_array_dict import NestedArrayDict, stack_nested_array_dicts
-from nip_core.scenarios.code_validation.text_protocols import build_chat_messages
 from nip_core.trainers.pure_text_base import PureTextRlTrainer
-from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, history_of, stable_seed
+from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, stable_seed
 from nip_core.trainers.registry import register_trainer
 
 ROOT_ID = 0
