@@ -185,6 +185,8 @@ class DecodeBatch:
     @torch.no_grad()
     def step(self) -> list[Running]:
         """One token for every running row; returns the rows that finished (they leave)."""
+        if not self.running:
+            return []
         feed = [self._choose(i, r) for i, r in enumerate(self.running)]
         done = [i for i, r in enumerate(self.running) if r.finish is not None]
         if self.prefix_cache is not None:
