@@ -39,20 +39,16 @@ WORDS = ["def", "return", "x", "+", "loop", "while", "if", "else", "list", "inde
 
 
 def load(name: str):
-    """``(model, tokenizer)`` of a built-in base model, in eval mode on the CPU."""
-    if name == "nipflow-tiny-lm":
-        from nipflow_llm_server.engines.tiny import build_tiny_model, build_tokenizer
+    """``(model, tokenizer)`` of a built-in base model, loaded as the transformers engine loads it."""
+    from nipflow_llm_server.engines.base import EngineError
+    from nipflow_llm_server.engines.hf_models import ModelStore, parse_base_models
 
-        return build_tiny_model().eval(), build_tokenizer()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from nipflow_llm_server.engines import smollm2
-    from nip_core.settings import default_data_dir
-
-    if name != smollm2.NAME:
-        raise SystemExit(f"--model: {name!r} is not nipflow-tiny-lm or {smollm2.NAME}")
-    path = smollm2.materialise(default_data_dir())
-    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    try:
+        specs = parse_base_models([] if name == "nipflow-tiny-lm" else [name], allow_download=False)
+        lm = ModelStore(specs, "cpu", allow_download=False).load_base(name)
+    except (EngineError, KeyError) as e:
+        raise SystemExit(f"--model {name!r}: {e}") from None
+    return lm.model, lm.tokenizer
 
 
 def run(model, tokenizer, conversations: int, turns: int, max_tokens: int, cache: PrefixCache | None):

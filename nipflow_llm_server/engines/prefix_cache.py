@@ -102,11 +102,6 @@ class PrefixCache:
         while self.nbytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
-    def forget(self, model: str) -> None:
-        """Drop ``model``'s sequences (it was unloaded or replaced)."""
-        for key in [k for k in self._entries if k[0] == model]:
-            self._drop(key)
-
     def _drop(self, key: tuple[str, int]) -> None:
         self.nbytes -= self._entries.pop(key).nbytes
 

@@ -105,3 +105,14 @@ def test_the_benchmark_runs_both_passes_and_they_write_the_same_replies():
     last = dict(item.split("=") for item in out.strip().splitlines()[-1].split())
     assert last["same_replies"] == "4/4" and float(last["cache_s"]) > 0 and float(last["speedup"]) > 0
     assert "prefilled" in out and out.count("  turn ") == 4
+
+
+def test_the_servers_prefix_cache_mb_sizes_the_engines_cache(tmp_path):
+    from nipflow_llm_server.engines import make_engine
+    from nipflow_llm_server.server.config import ServerConfig
+
+    sized = make_engine(ServerConfig(data_dir=tmp_path, engine="transformers", prefix_cache_mb=3))
+    off = make_engine(ServerConfig(data_dir=tmp_path, engine="transformers", prefix_cache_mb=0))
+    default = make_engine(ServerConfig(data_dir=tmp_path, engine="transformers"))
+    assert (sized.prefix_cache.max_bytes, off.prefix_cache.max_bytes, default.prefix_cache.max_bytes) == (
+        3 * 2**20, 0, 2048 * 2**20)
