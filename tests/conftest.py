@@ -56,6 +56,24 @@ def s3_endpoint(tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def smollm2_data_dir(tmp_path_factory):
+    """A data directory holding ``smollm2-135m-instruct`` de-quantised, shared by the session's workers.
+
+    The first worker to get here de-quantises it (about 30 s); the others wait on the lock and
+    find it done. Set it as ``NIPFLOW_DATA_DIR`` for a server that serves the model.
+    """
+    from filelock import FileLock
+
+    from nipflow_llm_server.engines import smollm2
+
+    shared = tmp_path_factory.getbasetemp().parent / "smollm2-data"  # the same for every xdist worker
+    shared.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(shared) + ".lock"):
+        smollm2.materialise(shared)
+    return shared
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for the test (results and timings as on the calibrating runs), restored after."""

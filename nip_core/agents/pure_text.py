@@ -421,3 +421,13 @@ class PureTextSharedModelGroup:
         if job_id in (None, FROZEN_JOB_ID, INSUFFICIENT_DATA_JOB_ID):
             return 0
         return int(self._client().fine_tuning.jobs.retrieve(job_id).trained_tokens or 0)
+
+    def job_seconds(self) -> float | None:
+        """Seconds from the creation of the group's job to its end (None: no job, or not ended)."""
+        job_id = self.state.fine_tune_job_id
+        if job_id in (None, FROZEN_JOB_ID, INSUFFICIENT_DATA_JOB_ID):
+            return None
+        job = self._client().fine_tuning.jobs.retrieve(job_id)
+        if not job.finished_at or not job.created_at:
+            return None
+        return float(max(job.finished_at - job.created_at, 0))

@@ -60,6 +60,10 @@ class PureTextEnvironment:
         """Extra observation fields taken from a datapoint (scenarios override)."""
         return {}
 
+    def datapoint_kind(self, datapoint: Any) -> str | None:
+        """The kind of a datapoint that the test statistics break accuracy down by (None: no kinds)."""
+        return None
+
     # -- reset / step ----------------------------------------------------------------------
 
     def reset(self, datapoint: Any, seed: int, datapoint_id: int | None = None) -> NestedArrayDict:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nip_core.logging.result_card import result_card, terminal_card
+from nip_core.logging.text_iterations import iteration_sections
 from nip_core.runs import RunStore
 
 
@@ -262,8 +263,9 @@ def write_comparison(store: RunStore, labelled_runs: list[tuple[str, str]], out:
                      title: str, preamble: str = "", baseline: str | None = None) -> Path:
     """Write the markdown file ``out`` (the table under ``preamble``) and the plot beside it.
 
-    The plot is ``out`` with the suffix ``.png``; the markdown links it by file name.
-    Returns ``out``.
+    The plot is ``out`` with the suffix ``.png``; the markdown links it by file name. Text
+    runs add their per-iteration sections and plot (``<stem>_iterations.png``,
+    :mod:`nip_core.logging.text_iterations`). Returns ``out``.
     """
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -271,10 +273,12 @@ def write_comparison(store: RunStore, labelled_runs: list[tuple[str, str]], out:
     text_runs = any(g.fine_tune_jobs for g in groups)
     plot = path.with_suffix(".png")
     plot_comparison(groups, plot, title)
+    sections = (iteration_sections(store, labelled_runs, path.with_name(f"{path.stem}_iterations.png"), title)
+                if text_runs else [])
     text = "\n".join([f"# {title}", "", preamble.strip(), "", accuracy_source(groups), "",
                       comparison_table(groups, text_runs=text_runs), "",
                       *difference_lines(groups, baseline),
-                      f"![final verifier accuracy per variant]({plot.name})", ""])
+                      f"![final verifier accuracy per variant]({plot.name})", "", *sections])
     path.write_text(text)
     return path
 

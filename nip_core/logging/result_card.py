@@ -49,6 +49,32 @@ class FineTuneJob:
 
 
 @dataclass
+class TextIteration:
+    """What one iteration of a text run did (None: not logged or not measured)."""
+
+    iteration: int
+    valid_decision_rate: float | None = None
+    accuracy: float | None = None
+    test_accuracy: float | None = None
+    episode_length: float | None = None
+    sampling_s: float | None = None
+    fine_tune_s: dict[str, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        def num(v: float | None, fmt: str) -> str:
+            return "—" if v is None else format(v, fmt)
+
+        parts = [f"valid decisions {num(self.valid_decision_rate, '.0%')}", f"accuracy {num(self.accuracy, '.3f')}"]
+        if self.test_accuracy is not None:
+            parts.append(f"test {self.test_accuracy:.3f}")
+        parts.append(f"episode length {num(self.episode_length, '.2f')}")
+        if self.sampling_s is not None:
+            parts.append(f"sampling {format_duration(self.sampling_s)}")
+        parts += [f"fine-tune {g} {format_duration(t)}" for g, t in sorted(self.fine_tune_s.items())]
+        return " · ".join(parts)
+
+
+@dataclass
 class ResultCard:
     """What a run did and where to look; see :func:`result_card`."""
 
@@ -74,6 +100,7 @@ class ResultCard:
     fine_tune_jobs: int | None = None
     trained_tokens: int | None = None
     jobs: list[FineTuneJob] = field(default_factory=list)
+    per_iteration: list[TextIteration] = field(default_factory=list)
     run_store: str = ""
     report: str = ""
     report_written: bool = False
@@ -104,6 +131,7 @@ class ResultCard:
         if self.text_run:
             rows += [("fine-tune jobs", str(self.fine_tune_jobs or 0)),
                      ("trained tokens", f"{self.trained_tokens or 0:,}")]
+            rows += [(f"iteration {it.iteration}", it.line()) for it in self.per_iteration]
         report = f"{self.report}" if self.report_written else f"{self.report_command}  (writes {self.report})"
         rows += [("run store", self.run_store), ("report", report), ("W&B", self.wandb or "not used"),
                  ("Prefect UI", self.prefect_ui or "none (run with --direct)")]
@@ -117,8 +145,10 @@ class ResultCard:
         """The card as markdown; the first line is ``# Result card: <run_id>``."""
         lines = [f"# Result card: {self.run_id}", "", "| | |", "|---|---|"]
         for key, value in self._rows():
-            shown = value if key in ("status", "experiment", "iterations", "wall time", "train accuracy",
-                                     "test accuracy", "fine-tune jobs", "trained tokens") else f"`{value}`"
+            plain = key.startswith("iteration ") or key in (
+                "status", "experiment", "iterations", "wall time", "train accuracy", "test accuracy",
+                "fine-tune jobs", "trained tokens")
+            shown = value if plain else f"`{value}`"
             if key == "Prefect UI" and value.startswith("http"):
                 shown = f"[{value}]({value})"
             lines.append(f"| {key} | {_md_cell(shown)} |")
@@ -151,7 +181,7 @@ def _accuracy(value: float | None, iteration: int | None) -> str:
     return f"{value:.4f}" + (f" (iteration {iteration})" if iteration is not None else "")
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, s = divmod(int(round(seconds)), 60)
@@ -162,8 +192,8 @@ def _duration(seconds: float) -> str:
 def _wall_time(card: ResultCard) -> str:
     if card.wall_time_s is None and card.total_wall_time_s is None:
         return "unknown (no finished invocation recorded)"
-    this = _duration(card.wall_time_s) if card.wall_time_s is not None else "unfinished"
-    total = _duration(card.total_wall_time_s) if card.total_wall_time_s is not None else "unknown"
+    this = format_duration(card.wall_time_s) if card.wall_time_s is not None else "unfinished"
+    total = format_duration(card.total_wall_time_s) if card.total_wall_time_s is not None else "unknown"
     return f"{this} this invocation, {total} in total ({card.invocations} invocation(s))"
 
 
@@ -207,6 +237,46 @@ def _fine_tune_jobs(run: Any) -> list[FineTuneJob]:
         jobs.append(FineTuneJob(iteration=int(it_text), group=group, job_id=str(record["job_id"]),
                                 attempts=len(ids), trained_tokens=tokens.get((int(it_text), group))))
     return sorted(jobs, key=lambda j: (j.iteration, j.group))
+
+
+def _text_iterations(run: Any, train: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[TextIteration]:
+    """Per iteration: decisions, accuracy and episode length logged, sampling and job wall times.
+
+    The times come from the stage summaries (``sampling_seconds`` of ``sample_rollouts``,
+    ``fine_tune_seconds`` of ``await_fine_tune_jobs``: see :mod:`nip_core.trainers.stages`).
+    """
+    out: dict[int, TextIteration] = {}
+
+    def at(i: int) -> TextIteration:
+        return out.setdefault(i, TextIteration(iteration=i))
+
+    def value(row: dict[str, Any], key: str) -> float | None:
+        v = row.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+    for row in train:
+        if "iteration" in row:
+            it = at(int(row["iteration"]))
+            it.valid_decision_rate = value(row, "valid_decision_rate")
+            it.accuracy = value(row, "mean_accuracy")
+            it.episode_length = value(row, "mean_episode_length")
+    for row in test:
+        if "iteration" in row and value(row, "test_mean_accuracy") is not None:
+            at(int(row["iteration"])).test_accuracy = value(row, "test_mean_accuracy")
+    for name in run.storage.listdir("stages"):
+        if name.endswith("_sample_rollouts.json") or name.endswith("_await_fine_tune_jobs.json"):
+            summary = run.read_json(f"stages/{name}", "stage summary")
+            if "iteration" not in summary:
+                continue
+            it = at(int(summary["iteration"]))
+            if name.endswith("_sample_rollouts.json"):
+                # a summary without sampling_seconds predates it: its stage time is the sampling's
+                took = summary.get("sampling_seconds", summary.get("seconds"))
+                if isinstance(took, (int, float)):
+                    it.sampling_s = float(took)
+            elif name.endswith("_await_fine_tune_jobs.json"):
+                it.fine_tune_s = {g: float(t) for g, t in (summary.get("fine_tune_seconds") or {}).items()}
+    return [out[i] for i in sorted(out)]
 
 
 def _wandb_location(meta: dict[str, Any]) -> str | None:
@@ -275,6 +345,7 @@ def result_card(run: Any, *, status: str | None = None, message: str | None = No
         final_test_accuracy=test_acc, final_test_iteration=test_it,
         text_run=text_run, fine_tune_jobs=sum(j.attempts for j in jobs) if text_run else None,
         trained_tokens=sum(j.trained_tokens or 0 for j in jobs) if text_run else None, jobs=jobs,
+        per_iteration=_text_iterations(run, train, test) if text_run else [],
         run_store=run.location, report=report, report_written=run.exists("report/summary.md"),
         report_command=report_command, wandb=_wandb_location(meta),
         prefect_ui=latest.get("prefect_ui"), flow_run_id=latest.get("flow_run_id"),

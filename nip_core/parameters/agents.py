@@ -294,7 +294,8 @@ class CodeValidationAgentParameters(AgentParameters):
         "auto", description="A verifier's replies: 'on' asks the API for structured output holding "
                             "the reply in the round where it must decide to 'Decision: accept' or 'Decision: "
                             "reject' (vLLM's guided_choice), and its replies in the other rounds to a "
-                            "decision or its 'Question for <Name>: ...' lines (guided_regex); nipflow's "
+                            "decision (not before round min_message_rounds - 1, where the protocol would "
+                            "ignore it) or its 'Question for <Name>: ...' lines (guided_regex); nipflow's "
                             "transformers and vLLM engines enforce both. 'off' samples them freely, 'auto' is 'on' where the server lists the model with "
                             "the structured_output capability (not OpenAI, whose models write the line "
                             "unaided). Provers never decide: 'on' is refused for them.")

@@ -22,6 +22,7 @@ training) and :meth:`_get_log_stats` (the statistics of both; call the superclas
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from pydantic import Field
@@ -37,7 +38,8 @@ from nip_core.trainers.pure_text_records import RolloutRecords
 from nip_core.trainers.pure_text_rerun import BaseRunReplay
 from nip_core.scenarios.code_validation.text_protocols import build_chat_messages
 from nip_core.trainers.pure_text_rollouts import TextActor, datapoint_indices, history_of, run_episodes, stable_seed
-from nip_core.trainers.pure_text_stats import NoAssistantMessageError, fine_tune_messages, rollout_stats
+from nip_core.trainers.pure_text_stats import (NoAssistantMessageError, accuracy_by_kind, fine_tune_messages,
+                                               rollout_stats)
 from nip_core.trainers.stage_machine import Position, Stage, StageOrderError, next_stage
 
 __all__ = ["FineTuneJobsPending", "FineTuneWaitTimeout", "PureTextRlTrainer", "PureTextState"]
@@ -142,8 +144,10 @@ class PureTextRlTrainer(Trainer):
     def run_stage(self, stage: str) -> dict[str, Any]:
         """Run ``stage`` (must be the state's stage), save the state, return a summary.
 
-        The summary holds ``iteration``, ``stage``, ``next_iteration``, ``next_stage`` and
-        what the stage produced (``metrics``, ``jobs``, ``trained_tokens``).
+        The summary holds ``iteration``, ``stage``, ``next_iteration``, ``next_stage``, the
+        wall time of the stage's work in this call (``seconds``; an attempt that died is not
+        counted) and what the stage produced (``metrics``, ``sampling_seconds``, ``jobs``,
+        ``trained_tokens``, ``fine_tune_seconds``).
 
         Raises
         ------
@@ -164,7 +168,9 @@ class PureTextRlTrainer(Trainer):
         self._push_group_states()
         self.reach_point(iteration, current.value, "start")
         summary: dict[str, Any] = {"iteration": iteration, "stage": current.value}
+        began = time.monotonic()
         summary.update(STAGES[current](self))
+        summary["seconds"] = round(time.monotonic() - began, 3)
         nxt = next_stage(self.state, self.hyper_params)
         summary["next_iteration"], summary["next_stage"] = nxt.iteration, nxt.stage.value
         # before the state (see stored_stage_summary); a summary written before stands
@@ -255,9 +261,16 @@ class PureTextRlTrainer(Trainer):
 
         Called by the ``log_stats`` stage on an iteration's training rollouts and by the test
         loop (``train=False``) on its rollouts. An override should call this one and add to
-        the dictionary (MALT adds its tree statistics to the training ones).
+        the dictionary (MALT adds its tree statistics to the training ones). Test statistics
+        add the accuracy by datapoint kind (:func:`accuracy_by_kind`; code validation: by
+        mutation) where the test environment has kinds.
         """
-        return rollout_stats(rollouts, self.agent_names, self.verifier_index, prefix="" if train else "test_")
+        stats = rollout_stats(rollouts, self.agent_names, self.verifier_index, prefix="" if train else "test_")
+        if not train and rollouts:
+            env = self.scenario.test_environment
+            kinds = [env.datapoint_kind(env.dataset[int(r["datapoint_id"][0])]) for r in rollouts]
+            stats.update(accuracy_by_kind(rollouts, self.verifier_index, kinds, prefix="test_"))
+        return stats
 
     def should_test(self, iteration: int) -> bool:
         """Whether ``text_rl.test_scheme`` asks for the test loop on the models of ``iteration``."""

@@ -91,7 +91,9 @@ class TextActor:
                                          max_response_words=params.max_response_words, until_round=rnd)
             is_verifier = "verifier" in agent
             last = verifier_last_active_round(self.handler, agent, hist.seed) if is_verifier else -1
-            form = (question_form(self.handler, agent, active_channels, params.max_response_words)
+            counts = rnd >= self.handler.min_message_rounds - 1  # an earlier decision is ignored
+            form = (question_form(self.handler, agent, active_channels, params.max_response_words,
+                                  decision_counts=counts)
                     if is_verifier and rnd != last else None)
             parsed, text, tries = None, None, 0
             while parsed is None and tries <= params.num_invalid_generation_retries:

@@ -46,6 +46,9 @@ def rollout_stats(rollouts: list[NestedArrayDict], agent_names: list[str], verif
     ``mean``/``std_decision``, ``precision`` = TP/(TP+FP) and ``recall`` = TP/(TP+FN) (a
     time-out is neither). A statistic nip would log as NaN (no rollout of a class, no
     positive decision) is left out. See docs/behaviour.md#b15.
+
+    nipflow adds ``valid_decision_rate``: the share of rollouts in which the verifier
+    accepted or rejected (the rest ran out of rounds, or its replies stayed invalid).
     """
     stats: dict[str, float] = {}
     if not rollouts:
@@ -66,6 +69,7 @@ def rollout_stats(rollouts: list[NestedArrayDict], agent_names: list[str], verif
     decisions = np.array([verifier_decision(r, verifier_index) for r in rollouts])
     y = np.array([int(r["y"][0]) for r in rollouts])
     correct = decisions == y
+    stats[f"{prefix}valid_decision_rate"] = float((decisions != 2).mean())
     stats[f"{prefix}mean_accuracy"] = float(correct.mean())
     stats[f"{prefix}std_accuracy"] = float(correct.std())
     datapoints = np.array([int(r["datapoint_id"][0]) for r in rollouts])
@@ -84,6 +88,27 @@ def rollout_stats(rollouts: list[NestedArrayDict], agent_names: list[str], verif
         stats[f"{prefix}precision"] = tp / (tp + fp)
     if tp + fn:
         stats[f"{prefix}recall"] = tp / (tp + fn)
+    return stats
+
+
+def accuracy_by_kind(rollouts: list[NestedArrayDict], verifier_index: int, kinds: list[str | None],
+                     prefix: str = "") -> dict[str, float]:
+    """``{prefix}accuracy_by_kind.<kind>``: the verifier's accuracy over the rollouts of each kind.
+
+    ``kinds[k]`` is the kind of ``rollouts[k]``'s datapoint (code validation: the mutation
+    that made the solution buggy, or ``correct``); rollouts of kind None are left out.
+    ``{prefix}count_by_kind.<kind>`` says how many rollouts each accuracy is over.
+    """
+    if len(kinds) != len(rollouts):
+        raise ValueError(f"{len(kinds)} kinds for {len(rollouts)} rollouts")
+    correct: dict[str, list[bool]] = {}
+    for rollout, kind in zip(rollouts, kinds):
+        if kind is not None:
+            correct.setdefault(kind, []).append(verifier_decision(rollout, verifier_index) == int(rollout["y"][0]))
+    stats: dict[str, float] = {}
+    for kind in sorted(correct):
+        stats[f"{prefix}accuracy_by_kind.{kind}"] = float(np.mean(correct[kind]))
+        stats[f"{prefix}count_by_kind.{kind}"] = float(len(correct[kind]))
     return stats
 
 

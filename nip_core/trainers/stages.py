@@ -2,7 +2,7 @@
 
 A stage function takes the trainer, does the stage's work (through the trainer's hooks,
 so subclasses customise it there) and returns what the stage produced, merged into the
-stage summary: ``metrics``, ``jobs`` or ``trained_tokens``. It never decides where the
+stage summary: ``metrics``, ``sampling_seconds``, ``jobs`` or ``trained_tokens``/``fine_tune_seconds``. It never decides where the
 run goes next: :meth:`PureTextRlTrainer.run_stage` asks
 :func:`nip_core.trainers.stage_machine.next_stage` after the stage function returned.
 
@@ -23,6 +23,7 @@ test                     test loop on the final models (those of iteration N-1),
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from nip_core.trainers.fine_tune_waiter import FineTuneJobsPending
@@ -37,7 +38,10 @@ StageFunction = Callable[["PureTextRlTrainer"], dict[str, Any]]
 
 
 def sample_rollouts(trainer: "PureTextRlTrainer") -> dict[str, Any]:
-    """Sample (or, after an interrupted attempt, reload) the iteration's training rollouts."""
+    """Sample (or, after an interrupted attempt, reload) the iteration's training rollouts.
+
+    The summary has the wall time of the sampling (``sampling_seconds``; none when reloaded).
+    """
     i = trainer.state.iteration
     trainer.logger.info("[%d/%d] Iteration begins", i + 1, trainer.num_iterations)
     models = lambda: {n: g.model_name for n, g in trainer.groups.items()}  # noqa: E731
@@ -50,14 +54,17 @@ def sample_rollouts(trainer: "PureTextRlTrainer") -> dict[str, Any]:
         return {}
     trainer.records.record_models(i, models())
     name = str(i)
+    out: dict[str, Any] = {}
     if trainer.records.has_rollouts(name):
         rollouts = trainer.records.reuse_rollouts(name)  # written by an interrupted attempt: never rewrite
     else:
+        began = time.monotonic()
         rollouts = trainer._sample_rollouts(trainer.scenario.train_environment, i, use_tqdm=True)
+        out["sampling_seconds"] = round(time.monotonic() - began, 3)
         trainer.reach_point(i, Stage.SAMPLE_ROLLOUTS.value, "before_save")
         trainer.records.save_rollouts(name, rollouts)
     trainer.records.keep(name, rollouts)
-    return {}
+    return out
 
 
 def log_stats(trainer: "PureTextRlTrainer") -> dict[str, Any]:
@@ -99,14 +106,21 @@ def create_fine_tune_jobs(trainer: "PureTextRlTrainer") -> dict[str, Any]:
 
 
 def await_fine_tune_jobs(trainer: "PureTextRlTrainer") -> dict[str, Any]:
-    """Wait for the jobs, then every group that had one uses its fine-tuned model."""
+    """Wait for the jobs, then every group that had one uses its fine-tuned model.
+
+    The summary has each group's trained tokens and the wall time of its job
+    (``fine_tune_seconds``: from the job's creation to its end, by the API's clock).
+    """
     trainer.run_await_stage(block=True)
-    trained = {}
+    trained, seconds = {}, {}
     for name, g in trainer.groups_with_jobs().items():
         trained[name] = g.trained_tokens()
+        took = g.job_seconds()
+        if took is not None:
+            seconds[name] = took
         g.switch_to_next_model()
     trainer.state.last_trained_tokens = sum(trained.values())
-    return {"trained_tokens": trained}
+    return {"trained_tokens": trained, "fine_tune_seconds": seconds}
 
 
 def test(trainer: "PureTextRlTrainer") -> dict[str, Any]:

@@ -186,17 +186,22 @@ class ParsedReply:
 CHARS_PER_WORD = 8
 
 
-def question_form(handler: Any, agent: str, active_channels: list[str], max_response_words: int) -> str | None:
+def question_form(handler: Any, agent: str, active_channels: list[str], max_response_words: int, *,
+                  decision_counts: bool = True) -> str | None:
     """The regular expression of a verifier's valid reply in a round where it may ask and decide:
     ``Decision: accept|reject``, or one ``Question for <Name>: ...`` line per active channel,
     each at most its share of ``max_response_words`` (:data:`CHARS_PER_WORD` characters a word)
-    long (what :func:`parse_reply` accepts; None where a channel has no header to ask under)."""
+    long (what :func:`parse_reply` accepts; None where a channel has no header to ask under).
+
+    ``decision_counts=False`` (a round before ``min_message_rounds - 1``, where the protocol
+    ignores a decision and the verifier would send nothing) leaves the decision out: only
+    the questions."""
     headers = dict(question_headers(handler, agent))
     if not active_channels or any(ch not in headers for ch in active_channels):
         return None
     line = max(8, CHARS_PER_WORD * max_response_words // len(active_channels))
     questions = "\n".join(re.escape(headers[ch]) + f" [^\\s][^\\n]{{0,{line - 1}}}" for ch in active_channels)
-    return f"Decision: (accept|reject)|{questions}"
+    return f"Decision: (accept|reject)|{questions}" if decision_counts else questions
 
 
 def parse_reply(handler: Any, agent: str, reply: str, active_channels: list[str], *,

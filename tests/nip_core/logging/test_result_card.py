@@ -81,8 +81,10 @@ def _text_run(tmp_path):
                          rl={"num_iterations": 2, "rollouts_per_iteration": 8})
     run = RunStore(str(tmp_path)).open_run("text-card", hp)
     run.write_json("state.json", {"iteration": 2, "train_loop_stage": "done"})
-    run.append_metrics(0, {"mean_accuracy": 0.5, "fine_tune_trained_tokens": 0.0})
-    run.append_metrics(1, {"mean_accuracy": 0.625, "fine_tune_trained_tokens": 300.0})
+    run.append_metrics(0, {"mean_accuracy": 0.5, "fine_tune_trained_tokens": 0.0, "valid_decision_rate": 0.75,
+                           "mean_episode_length": 2.5})
+    run.append_metrics(1, {"mean_accuracy": 0.625, "fine_tune_trained_tokens": 300.0, "valid_decision_rate": 1.0,
+                           "mean_episode_length": 1.25})
     run.append_metrics(1, {"kind": "test", "test_mean_accuracy": 0.75})
     # iteration 0: the prover's first job failed and was retried; iteration 1 tests only (scheme last)
     run.write_json("fine_tune/iter_0_prover.json", {"job_id": "ftjob-2", "attempt": 2, "file_id": "file-1",
@@ -90,7 +92,11 @@ def _text_run(tmp_path):
                                                                   "status": "failed", "error": "x"}]})
     run.write_json("fine_tune/iter_0_verifier.json", {"job_id": "ftjob-3", "attempt": 1, "file_id": "file-2"})
     run.write_json("stages/it0_await_fine_tune_jobs.json", {
-        "iteration": 0, "stage": "await_fine_tune_jobs", "trained_tokens": {"prover": 200, "verifier": 100}})
+        "iteration": 0, "stage": "await_fine_tune_jobs", "trained_tokens": {"prover": 200, "verifier": 100},
+        "fine_tune_seconds": {"prover": 75.0, "verifier": 12.0}})
+    run.write_json("stages/it0_sample_rollouts.json", {"iteration": 0, "stage": "sample_rollouts", "sampling_seconds": 95.25})
+    # written before summaries had sampling_seconds: the stage's time is the sampling's
+    run.write_json("stages/it1_sample_rollouts.json", {"iteration": 1, "stage": "sample_rollouts", "seconds": 3.5})
     run.write_json("stages/it0_log_stats.json", {"iteration": 0, "stage": "log_stats"})
     run.update_metadata(invocations=[
         {"started": "2026-01-01T10:00:00+00:00", "ended": "2026-01-01T10:01:00+00:00", "driver": "flow",
@@ -116,9 +122,17 @@ def test_card_of_a_text_run_counts_jobs_attempts_and_trained_tokens(tmp_path):
     assert card.wandb == "project nipflow, run w1 (online)"
     text = card.to_text()
     assert "fine-tune jobs  3" in text and "trained tokens  300" in text
+    assert [(i.iteration, i.valid_decision_rate, i.accuracy, i.test_accuracy, i.sampling_s, i.fine_tune_s)
+            for i in card.per_iteration] == [(0, 0.75, 0.5, None, 95.25, {"prover": 75.0, "verifier": 12.0}),
+                                             (1, 1.0, 0.625, 0.75, 3.5, {})]
+    assert ("iteration 0     valid decisions 75% · accuracy 0.500 · episode length 2.50 · sampling 1 min 35 s"
+            " · fine-tune prover 1 min 15 s · fine-tune verifier 12.0 s") in text
+    assert ("iteration 1     valid decisions 100% · accuracy 0.625 · test 0.750 · episode length 1.25"
+            " · sampling 3.5 s") in text
     assert "30.0 s this invocation, 1 min 30 s in total (3 invocation(s))" in text
     md = card.to_markdown()
     assert "| 0 | prover | `ftjob-2` | 2 | 200 |" in md
+    assert "| iteration 1 | valid decisions 100% · accuracy 0.625 · test 0.750 · episode length 1.25 · sampling" in md
     assert "| Prefect UI | [http://ui:4200/runs/flow-run/abc](http://ui:4200/runs/flow-run/abc) |" in md
 
 

@@ -11,6 +11,7 @@ from nip_core.settings import ExperimentSettings
 from nip_core.trainers.build import build_trainer
 from nip_core.trainers.pure_text_ei import guess_replacement_proportion, select_rollouts
 from nip_core.trainers.pure_text_rollouts import datapoint_indices, stable_seed
+from nip_core.trainers.pure_text_stats import verifier_decision
 from nip_core.trainers.stages import FineTuneJobsPending, StageOrderError
 
 import nip_core.trainers.catalogue  # noqa: F401
@@ -87,6 +88,23 @@ def test_stage_order_is_enforced_and_pending_jobs_do_not_block(tmp_path, server)
     metrics = [m for m in run.read_metrics() if "mean_accuracy" in m]
     assert len(metrics) == 2 and all("verifier.mean_episode_reward" in m and m["tokens_used"] > 0 for m in metrics)
     assert metrics[1]["fine_tune_trained_tokens"] > 0
+    # the card's figures: sampling time, each job's time by the API's clock, accuracy by mutation
+    assert run.read_json("stages/it0_sample_rollouts.json")["sampling_seconds"] > 0
+    waited = run.read_json("stages/it0_await_fine_tune_jobs.json")
+    client = server.client()
+    for group, job_id in run.read_json("stages/it0_create_fine_tune_jobs.json")["jobs"].items():
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        assert waited["fine_tune_seconds"][group] == job.finished_at - job.created_at
+    test = next(m for m in run.read_metrics() if m.get("kind") == "test")
+    env, rollouts = t.scenario.test_environment, t.load_rollouts("test_1")
+    kinds = [env.dataset[int(r["datapoint_id"][0])].mutation or "correct" for r in rollouts]
+    assert len(set(kinds)) >= 2
+    assert {k for k in test if "by_kind" in k} == {f"test_{s}_by_kind.{k}" for k in kinds
+                                                   for s in ("accuracy", "count")}
+    for kind in set(kinds):
+        right = [verifier_decision(r, 1) == int(r["y"][0]) for r, k in zip(rollouts, kinds) if k == kind]
+        assert (test[f"test_count_by_kind.{kind}"], test[f"test_accuracy_by_kind.{kind}"]) == (
+            len(right), pytest.approx(sum(right) / len(right)))
 
 
 @pytest.mark.e2e

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from nip_core.environments.nested_array_dict import NestedArrayDict
-from nip_core.trainers.pure_text_stats import rollout_stats
+from nip_core.trainers.pure_text_stats import accuracy_by_kind, rollout_stats
 
 
 def rollout(*, y, datapoint, decision_at, decision, terminated_at, padding_from, rewards, retries, limits, said):
@@ -65,6 +65,7 @@ def test_statistics_of_fixed_rollouts_are_computed_as_nip_computes_them():
         "mean_episode_length": 2.0, "std_episode_length": math.sqrt(2 / 3),
         # decisions 1, 2 (terminated), 1 against labels 1, 0, 0
         "mean_accuracy": 1 / 3, "std_accuracy": math.sqrt(2 / 9),
+        "valid_decision_rate": 2 / 3,  # nipflow's: B timed out
         "worst_datapoint_accuracy": 0.0,  # datapoint 4: 0.5, datapoint 9: 0.0
         "mean_0_accuracy": 0.0, "std_0_accuracy": 0.0, "mean_1_accuracy": 1.0, "std_1_accuracy": 0.0,
         "mean_decision": 4 / 3, "std_decision": math.sqrt(2) / 3,
@@ -82,3 +83,13 @@ def test_undefined_ratios_are_left_out_and_the_test_prefix_is_applied():
     assert "test_precision" not in stats and "test_recall" not in stats and "test_mean_1_accuracy" not in stats
     assert stats["test_mean_accuracy"] == 0.0 and stats["verifier.test_mean_episode_reward"] == -1.0
     assert rollout_stats([], ["prover", "verifier"], 1) == {}
+
+
+def test_accuracy_by_kind_counts_each_kind_and_leaves_out_rollouts_without_one():
+    # decisions 1 (right), 2 (time-out: wrong), 1 (wrong) on labels 1, 0, 0
+    stats = accuracy_by_kind(ROLLOUTS, 1, ["correct", "swap_operands", "swap_operands"], prefix="test_")
+    assert stats == {"test_accuracy_by_kind.correct": 1.0, "test_count_by_kind.correct": 1.0,
+                     "test_accuracy_by_kind.swap_operands": 0.0, "test_count_by_kind.swap_operands": 2.0}
+    assert accuracy_by_kind(ROLLOUTS, 1, ["a", None, "a"]) == {"accuracy_by_kind.a": 0.5, "count_by_kind.a": 2.0}
+    with pytest.raises(ValueError, match="2 kinds for 3 rollouts"):
+        accuracy_by_kind(ROLLOUTS, 1, ["a", "b"])

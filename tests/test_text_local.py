@@ -1,0 +1,58 @@
+"""``make text-local`` (``./scripts/text_local.sh``): expert iteration on the built-in real model, offline.
+
+The documented command, as it is: it starts the transformers engine's server on
+``smollm2-135m-instruct``, runs ``nipflow run code_validation pure_text_ei --params
+configs/cv_smollm2_short.json`` through a temporary Prefect server, and stops the server. The
+run must train (one LoRA job on the verifier's examples, the model switched to its result),
+ask before deciding (nip with ``min_message_rounds`` 3), test the fine-tuned models on 8
+held-out items, and end with a result card whose lines per iteration are the run store's
+figures. About 6 min on a quiet 2-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nip_core.logging.result_card import result_card
+from nip_core.runs import RunStore
+from nipflow_llm_server.engines import smollm2
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.long(240)
+def test_text_local_trains_expert_iteration_on_the_real_model_offline(tmp_path, smollm2_data_dir):
+    runs = tmp_path / "runs"
+    env = {**os.environ, "NIPFLOW_DATA_DIR": str(smollm2_data_dir), "NIPFLOW_RUNS_DIR": str(runs)}
+    done = subprocess.run(["./scripts/text_local.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    store = RunStore(str(runs))
+    [run_id] = [d.name for d in runs.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    run = store.open_run(run_id)
+    assert (run.params.interaction_protocol, run.params.agent_params("verifier").model_name) == ("nip", smollm2.NAME)
+    card = result_card(run)
+    assert (card.status, card.iterations_done) == ("completed", 2)
+    # the verifier's examples (half with the true label) always make a job; the prover's when >= 10
+    assert "verifier" in [j.group for j in card.jobs] and card.fine_tune_jobs == len(card.jobs)
+    assert card.trained_tokens > 0
+    train = [r for r in run.read_metrics() if r["kind"] == "train"]
+    [test] = [r for r in run.read_metrics() if r["kind"] == "test"]
+    assert test["iteration"] == 1 and sum(v for k, v in test.items() if k.startswith("test_count_by_kind.")) == 8
+    # the verifier asked once before every decision: a prover message in every episode
+    assert all(r["mean_episode_length"] >= 1.0 and r["valid_decision_rate"] == 1.0 for r in train)
+    state = run.read_json("state.json", "state")
+    assert state["shared_model_groups"]["verifier"]["fine_tuned_model_name"].startswith(f"ft:{smollm2.NAME}:")
+    # the card the script printed: one line per iteration, the run store's figures
+    lines = {line.split("  ", 1)[0]: line.split("  ", 1)[1].strip() for line in done.stdout.splitlines()
+             if line.startswith("iteration ") and "  " in line}
+    assert lines["iteration 0"].startswith(f"valid decisions 100% · accuracy {train[0]['mean_accuracy']:.3f} · ")
+    assert "fine-tune verifier " in lines["iteration 0"]
+    assert lines["iteration 1"].startswith(f"valid decisions 100% · accuracy {train[1]['mean_accuracy']:.3f} · "
+                                           f"test {test['test_mean_accuracy']:.3f} · ")
