@@ -144,6 +144,10 @@ class ExperimentSettings(BaseModel):
     openai_base_url: str | None = None
     openai_api_key: SecretStr | None = Field(None, exclude=True, repr=False)
     max_concurrent_requests: int = Field(16, gt=0)
+    api_request_timeout_s: float = Field(
+        600.0, gt=0, description="Seconds the text agents' API client waits for one response before it "
+                                 "retries (OpenAI's SDK default; a local CPU model answering a whole "
+                                 "batch of rollouts can take minutes)")
     fine_tune_poll_interval_s: float = Field(5.0, gt=0)
     fine_tune_poll_max_interval_s: float = Field(60.0, gt=0)
     fine_tune_wait_timeout_s: float | None = Field(None, gt=0)

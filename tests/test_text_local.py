@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.long(240)
+@pytest.mark.long(420)
 def test_text_local_trains_expert_iteration_on_the_real_model_offline(tmp_path, smollm2_data_dir):
     runs = tmp_path / "runs"
     env = {**os.environ, "NIPFLOW_DATA_DIR": str(smollm2_data_dir), "NIPFLOW_RUNS_DIR": str(runs)}

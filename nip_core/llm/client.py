@@ -27,7 +27,7 @@ def make_openai_client(
     api_key: str | None = None,
     *,
     max_retries: int = 5,
-    timeout: float = 60.0,
+    timeout: float = 600.0,
 ) -> openai.OpenAI:
     """An ``openai.OpenAI`` client with retries.
 
@@ -43,7 +43,8 @@ def make_openai_client(
         Retries of the client on 408/409/429/5xx and connection errors (with backoff,
         honouring ``Retry-After``).
     timeout
-        Seconds per request.
+        Seconds per request (OpenAI's SDK default: a long completion, or a local model on a
+        CPU answering a whole batch, takes minutes; a timed-out request is retried).
 
     Raises
     ------

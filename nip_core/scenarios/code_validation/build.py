@@ -43,7 +43,8 @@ class LazyClient:
 
                 key = self.settings.openai_api_key
                 self._client = make_openai_client(self.base_url(),
-                                                  key.get_secret_value() if key is not None else None)
+                                                  key.get_secret_value() if key is not None else None,
+                                                  timeout=self.settings.api_request_timeout_s)
             return self._client
 
 
