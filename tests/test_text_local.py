@@ -6,7 +6,7 @@ configs/cv_smollm2_short.json`` through a temporary Prefect server, and stops th
 run must train (one LoRA job on the verifier's examples, the model switched to its result),
 ask before deciding (nip with ``min_message_rounds`` 3), test the fine-tuned models on 8
 held-out items, and end with a result card whose lines per iteration are the run store's
-figures. About 6 min on a quiet 2-core machine.
+figures. About 7 min on a quiet 2-core machine.
 """
 
 from __future__ import annotations
