@@ -116,6 +116,7 @@ def plot_iterations(store: RunStore, labelled_runs: list[tuple[str, str]], path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 3, figsize=(11.0, 3.6), dpi=100)
     panels = (("test_accuracy", "held-out accuracy"), ("accuracy", "train accuracy"),
@@ -136,6 +137,7 @@ def plot_iterations(store: RunStore, labelled_runs: list[tuple[str, str]], path:
             ax.set_ylim(0, 1)
             ax.axhline(0.5, color="#b03030", linestyle="--", linewidth=1)
         ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
