@@ -4,9 +4,9 @@ The documented command, as it is: it starts the transformers engine's server on
 ``smollm2-135m-instruct``, runs ``nipflow run code_validation pure_text_ei --params
 configs/cv_smollm2_short.json`` through a temporary Prefect server, and stops the server. The
 run must train (one LoRA job on the verifier's examples, the model switched to its result),
-ask before deciding (nip with ``min_message_rounds`` 3), test the fine-tuned models on 8
-held-out items, and end with a result card whose lines per iteration are the run store's
-figures. About 7 min on a quiet 2-core machine.
+decide validly in every episode, test the fine-tuned verifier on 8 held-out items, and end
+with a result card whose lines per iteration are the run store's figures. The verifier alone
+(``solo_verifier``): a nip run of the same size took 11 min of a CI worker.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.long(420)
+@pytest.mark.long(150)
 def test_text_local_trains_expert_iteration_on_the_real_model_offline(tmp_path, smollm2_data_dir):
     runs = tmp_path / "runs"
     env = {**os.environ, "NIPFLOW_DATA_DIR": str(smollm2_data_dir), "NIPFLOW_RUNS_DIR": str(runs)}
@@ -36,17 +36,16 @@ def test_text_local_trains_expert_iteration_on_the_real_model_offline(tmp_path, 
     store = RunStore(str(runs))
     [run_id] = [d.name for d in runs.iterdir() if d.is_dir() and not d.name.startswith(".")]
     run = store.open_run(run_id)
-    assert (run.params.interaction_protocol, run.params.agent_params("verifier").model_name) == ("nip", smollm2.NAME)
+    assert (run.params.interaction_protocol, run.params.agent_params("verifier").model_name) == (
+        "solo_verifier", smollm2.NAME)
     card = result_card(run)
     assert (card.status, card.iterations_done) == ("completed", 2)
-    # the verifier's examples (half with the true label) always make a job; the prover's when >= 10
-    assert "verifier" in [j.group for j in card.jobs] and card.fine_tune_jobs == len(card.jobs)
-    assert card.trained_tokens > 0
+    # the verifier's examples (three quarters with the true label) always make a job
+    assert [j.group for j in card.jobs] == ["verifier"] and card.fine_tune_jobs >= 1 and card.trained_tokens > 0
     train = [r for r in run.read_metrics() if r["kind"] == "train"]
     [test] = [r for r in run.read_metrics() if r["kind"] == "test"]
     assert test["iteration"] == 1 and sum(v for k, v in test.items() if k.startswith("test_count_by_kind.")) == 8
-    # the verifier asked once before every decision: a prover message in every episode
-    assert all(r["mean_episode_length"] >= 1.0 and r["valid_decision_rate"] == 1.0 for r in train)
+    assert all(r["valid_decision_rate"] == 1.0 for r in train)
     state = run.read_json("state.json", "state")
     assert state["shared_model_groups"]["verifier"]["fine_tuned_model_name"].startswith(f"ft:{smollm2.NAME}:")
     # the card the script printed: one line per iteration, the run store's figures

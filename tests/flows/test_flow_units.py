@@ -10,7 +10,7 @@ from flows.parameters import ExperimentParameters, RunSpec
 from nip_core.parameters import ParameterError
 
 
-def test_experiment_parameters_precedence_and_settings(tmp_path):
+def test_experiment_parameters_precedence_and_settings(tmp_path, monkeypatch):
     p = ExperimentParameters(params={"scenario": "graph_isomorphism", "trainer": "spg", "seed": 3},
                              trainer="vanilla_ppo", overrides=["seed=5", "rl.num_iterations=7"],
                              run_id="gi-1", runs_dir=str(tmp_path), settings_overrides={"checkpoint_every": 2})
@@ -20,7 +20,11 @@ def test_experiment_parameters_precedence_and_settings(tmp_path):
     assert (settings.run_id, settings.runs_dir, settings.checkpoint_every, settings.use_wandb) == (
         "gi-1", str(tmp_path), 2, False)
     spec = RunSpec.of(hp, settings)
-    assert spec.hyper_params() == hp and spec.experiment_settings() == settings
+    # the worker's key (its environment wins over a Secret block), never a parameter
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-worker")
+    got = spec.experiment_settings()
+    assert got.openai_api_key.get_secret_value() == "sk-worker" and settings.openai_api_key is None
+    assert spec.hyper_params() == hp and got.model_copy(update={"openai_api_key": None}) == settings
     assert json.loads(spec.model_dump_json())["settings"]["run_id"] == "gi-1"
 
 

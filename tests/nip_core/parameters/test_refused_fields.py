@@ -171,4 +171,4 @@ def test_test_params_and_the_shipped_configs_still_validate():
     assert len(configs) >= 3
     for file in configs:
         hp = HyperParameters.from_dict(json.loads(file.read_text()), source=str(file))
-        assert hp.scenario == "graph_isomorphism"
+        assert hp.scenario == ("code_validation" if file.name.startswith("cv_") else "graph_isomorphism"), file
