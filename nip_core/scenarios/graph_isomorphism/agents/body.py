@@ -11,17 +11,14 @@ import torch
 from torch import Tensor, nn
 
 from nip_core.agents.base import AgentBody, TensorDictAgentPartMixin
-from nip_core.agents.mlp import activation_class
-
-
-AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
+from nip_core.agents.mlp import activation_class, two_layer_mlp
+from nip_core.scenarios.graph_isomorphism.agents.attention import attention_core, autocast_enabled
 
 
 def compute_dtype(reference: Tensor, parameter: Tensor) -> torch.dtype:
     """The dtype activations have: autocast's lower-precision dtype when it is on, else the weights'."""
-    device_type = reference.device.type
-    if device_type in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
+    if autocast_enabled(reference):
+        return torch.get_autocast_dtype(reference.device.type)
     return parameter.dtype
 
 
@@ -34,7 +31,8 @@ class DenseGinLayer(nn.Module):
 
     def forward(self, h: Tensor, self_adjacency: Tensor, node_mask: Tensor) -> Tensor:
         # h: (..., N, d); self_adjacency: (..., N, N) float, A + I; node_mask: (..., N, 1) float
-        return self.mlp(self_adjacency @ h) * node_mask
+        first, activation, second = self.mlp
+        return two_layer_mlp(self_adjacency @ h, first, activation, second) * node_mask
 
 
 class GraphIsomorphismGnn(nn.Module):
@@ -199,20 +197,6 @@ class GraphIsomorphismAgentBody(TensorDictAgentPartMixin, AgentBody):
         return torch.cat([pooled_tokens.to(node_tokens.dtype), node_tokens], dim=1)
 
 
-def attention_core(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor, p_dropout: float) -> Tensor:
-    """``softmax(q kᵀ / sqrt(dh) + attn_mask) v`` for ``(batch, L, dh)`` inputs and ``(batch, L, L)`` mask.
-
-    The softmax runs in float32 (bf16 softmax over rows of ~24 is several times slower on
-    CPUs). Running the two products in float32 as well (no bf16 scores to convert) was
-    measured no faster under bf16 autocast, so they follow autocast.
-    """
-    scores = torch.baddbmm(attn_mask, q, k.transpose(1, 2), alpha=q.shape[-1] ** -0.5)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    if p_dropout > 0:
-        weights = torch.nn.functional.dropout(weights, p_dropout)
-    return torch.bmm(weights, v)
-
-
 def encoder_layer_forward(layer: nn.TransformerEncoderLayer, x: Tensor, attn_mask: Tensor) -> Tensor:
     """``layer(x, src_mask)`` written out for short sequences (batch first).
 
@@ -231,9 +215,8 @@ def encoder_layer_forward(layer: nn.TransformerEncoderLayer, x: Tensor, attn_mas
     def self_attention(src: Tensor) -> Tensor:
         qkv = torch.nn.functional.linear(src, attention.in_proj_weight, attention.in_proj_bias)
         q, k, v = qkv.view(B, L, 3, H, d // H).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, dh) each
-        out = attention_core(q.reshape(B * H, L, -1), k.reshape(B * H, L, -1), v.reshape(B * H, L, -1),
-                             attn_mask.expand(B, H, L, L).reshape(B * H, L, L), p_attention)
-        out = attention.out_proj(out.view(B, H, L, -1).transpose(1, 2).reshape(B, L, d))
+        out = attention_core(q, k, v, attn_mask, p_attention)  # (B, H, L, dh)
+        out = attention.out_proj(out.transpose(1, 2).reshape(B, L, d))
         return torch.nn.functional.dropout(out, p_drop) if p_drop > 0 else out
 
     def feed_forward(src: Tensor) -> Tensor:

@@ -17,11 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nip_core.scenarios.graph_isomorphism.agents.body import (
-    GraphIsomorphismAgentBody,
-    attention_core,
-    compute_dtype,
-)
+from nip_core.agents.mlp import FastTanh
+from nip_core.scenarios.graph_isomorphism.agents.attention import attention_core
+from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody, compute_dtype
 
 
 def _structure(body: nn.Module) -> tuple:
@@ -60,6 +58,23 @@ def _linear(x: Tensor, linears: Sequence[nn.Linear]) -> Tensor:
     flat = x.reshape(x.shape[0], -1, x.shape[-1])
     out = torch.bmm(flat, weight) if bias is None else torch.baddbmm(bias, flat, weight)
     return out.view(*x.shape[:-1], weight.shape[-1])
+
+
+def _mlp(x: Tensor, mlps: Sequence[nn.Sequential]) -> Tensor:
+    """Body ``k``'s two-layer ``mlps[k]`` (linear, activation, linear) applied to ``x[k]``.
+
+    With tanh, the activation is folded into the linear layers as in
+    :func:`~nip_core.agents.mlp.two_layer_mlp` (the hidden tensor written once).
+    """
+    firsts, seconds, activation = [mlp[0] for mlp in mlps], [mlp[2] for mlp in mlps], mlps[0][1]
+    if not isinstance(activation, FastTanh):
+        return _linear(activation(_linear(x, firsts)), seconds)
+    w1, b1 = _weights(firsts)
+    w2, b2 = _weights(seconds)
+    flat = x.reshape(x.shape[0], -1, x.shape[-1])
+    hidden = torch.sigmoid(torch.bmm(flat, 2 * w1) if b1 is None else torch.baddbmm(2 * b1, flat, 2 * w1))
+    shift = -w2.sum(1, keepdim=True) if b2 is None else b2 - w2.sum(1, keepdim=True)
+    return torch.baddbmm(shift, hidden, 2 * w2).view(*x.shape[:-1], w2.shape[-1])
 
 
 def _shared_linear(x: Tensor, linears: Sequence[nn.Linear]) -> Tensor:
@@ -104,9 +119,7 @@ def _gnn(bodies: Sequence[GraphIsomorphismAgentBody], features: Tensor, adjacenc
         mlps = [gnn.layers[depth].mlp for gnn in gnns]
         x = activation(h)
         x = torch.bmm(self_adjacency, x.reshape(-1, N, x.shape[-1])).view(K, B2, 2, N, -1)
-        x = _linear(x, [mlp[0] for mlp in mlps])
-        x = _linear(mlps[0][1](x), [mlp[2] for mlp in mlps])
-        h = x * mask
+        h = _mlp(x, mlps) * mask
     if gnns[0].output_digits is not None:
         h = torch.round(h, decimals=gnns[0].output_digits)
     if dual:
@@ -134,10 +147,8 @@ def _encoder_layer(layers: Sequence[nn.TransformerEncoderLayer], x: Tensor, attn
         bias = torch.stack([a.in_proj_bias for a in attention]).unsqueeze(1)
         qkv = torch.baddbmm(bias, src, weight)
         q, k, v = qkv.view(K, B, L, 3, H, d // H).permute(3, 0, 1, 4, 2, 5).unbind(0)  # (K, B, H, L, dh)
-        out = attention_core(q.reshape(K * B * H, L, -1), k.reshape(K * B * H, L, -1),
-                             v.reshape(K * B * H, L, -1), attn_mask.expand(K, B, H, L, L).reshape(K * B * H, L, L),
-                             p_attention)
-        out = out.view(K, B, H, L, -1).transpose(2, 3).reshape(K, B * L, d)
+        out = attention_core(q, k, v, attn_mask, p_attention)  # (K, B, H, L, dh)
+        out = out.transpose(2, 3).reshape(K, B * L, d)
         return dropout(_linear(out, [a.out_proj for a in attention]), p_drop)
 
     def feed_forward(src: Tensor) -> Tensor:
