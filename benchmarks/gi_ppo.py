@@ -154,9 +154,9 @@ def compare_with_baseline(args, argv: list[str]) -> None:
 
 
 def build_trainer(tmp: str, *, workload: str = "paper", precision: str = "fp32", device: str = "auto",
-                  data_dir: str | None = None, **rl: object) -> VanillaPpoTrainer:
+                  data_dir: str | None = None, seed: int = 8144, **rl: object) -> VanillaPpoTrainer:
     """The benchmark's trainer (no run store) on ``workload``; ``rl`` overrides ``rl.*`` fields."""
-    hp = paper_params()
+    hp = paper_params(seed)
     rl_update = {"precision": precision, **rl}
     if workload == "tiny":
         rl_update.update(frames_per_batch=64, num_epochs=1, minibatch_size=32, num_normalization_steps=2)
