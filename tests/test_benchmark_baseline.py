@@ -60,3 +60,23 @@ def test_roofline_reports_the_machine_limits_and_a_bound_below_the_measured_step
     assert float(figures["bound_ms"]) < float(figures["step_ms"])  # a lower bound is below what is measured
     assert "| aten::" in done.stdout  # the op table
     assert done.stdout.startswith("CPU: ") and "unknown CPU" not in done.stdout  # figures name the machine
+
+
+@pytest.mark.slow
+def test_curves_of_equal_code_are_equal_to_the_bit():
+    """benchmarks/gi_curves.py trains the paper's agents under this checkout's code and a ref's;
+    the same code in another process gives the same curves exactly (the comparison means
+    something only because training is deterministic)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("NIPFLOW_BENCH_CODE_ROOT", None)
+    done = subprocess.run([sys.executable, "benchmarks/gi_curves.py", "--iterations", "2", "--baseline", "HEAD"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.strip("|").split("|") for line in done.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [int(row[0]) for row in rows] == [0, 1]
+    for row in rows:
+        cells = [float(cell) for cell in row[1:]]
+        assert len(cells) == 6 and cells[:3] == cells[3:]  # current | HEAD, cell by cell
+    match = re.fullmatch(r"final_test_reward=(\S+) baseline_final_test_reward=(\S+)",
+                         done.stdout.strip().splitlines()[-1])
+    assert match and match.group(1) == match.group(2)

@@ -96,6 +96,7 @@ class ResultCard:
     final_train_iteration: int | None = None
     final_test_accuracy: float | None = None
     final_test_iteration: int | None = None
+    precision: str | None = None
     text_run: bool = False
     fine_tune_jobs: int | None = None
     trained_tokens: int | None = None
@@ -125,6 +126,7 @@ class ResultCard:
                 ("experiment", f"{self.scenario} / {self.trainer} / protocol {self.protocol} / "
                                f"dataset {self.dataset}"),
                 ("iterations", f"{self.iterations_done}/{self.iterations_planned}"),
+                *([("precision", self.precision)] if self.precision else []),
                 ("wall time", _wall_time(self)),
                 ("train accuracy", _accuracy(self.final_train_accuracy, self.final_train_iteration)),
                 ("test accuracy", _accuracy(self.final_test_accuracy, self.final_test_iteration))]
@@ -146,7 +148,7 @@ class ResultCard:
         lines = [f"# Result card: {self.run_id}", "", "| | |", "|---|---|"]
         for key, value in self._rows():
             plain = key.startswith("iteration ") or key in (
-                "status", "experiment", "iterations", "wall time", "train accuracy", "test accuracy",
+                "status", "experiment", "iterations", "precision", "wall time", "train accuracy", "test accuracy",
                 "fine-tune jobs", "trained tokens")
             shown = value if plain else f"`{value}`"
             if key == "Prefect UI" and value.startswith("http"):
@@ -279,6 +281,14 @@ def _text_iterations(run: Any, train: list[dict[str, Any]], test: list[dict[str,
     return [out[i] for i in sorted(out)]
 
 
+def _precision(meta: dict[str, Any]) -> str | None:
+    """``"<used> (<why>)"`` as the TensorDict trainer recorded it (``rl.precision``), else None."""
+    record = meta.get("precision")
+    if not isinstance(record, dict) or not record.get("used"):
+        return None
+    return f"{record['used']} ({record.get('why') or 'rl.precision'})"
+
+
 def _wandb_location(meta: dict[str, Any]) -> str | None:
     run_id = meta.get("wandb_run_id")
     if not run_id:
@@ -343,7 +353,7 @@ def result_card(run: Any, *, status: str | None = None, message: str | None = No
         total_wall_time_s=sum(finished) if finished else None, invocations=len(invocations),
         final_train_accuracy=train_acc, final_train_iteration=train_it,
         final_test_accuracy=test_acc, final_test_iteration=test_it,
-        text_run=text_run, fine_tune_jobs=sum(j.attempts for j in jobs) if text_run else None,
+        precision=_precision(meta), text_run=text_run, fine_tune_jobs=sum(j.attempts for j in jobs) if text_run else None,
         trained_tokens=sum(j.trained_tokens or 0 for j in jobs) if text_run else None, jobs=jobs,
         per_iteration=_text_iterations(run, train, test) if text_run else [],
         run_store=run.location, report=report, report_written=run.exists("report/summary.md"),

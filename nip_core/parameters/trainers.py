@@ -74,10 +74,11 @@ class RlTrainerParameters(ParamsModel):
     weight_decay: float = Field(0.0, ge=0.0, description="weight decay (decoupled for adamw, L2 otherwise)")
     gradient_accumulation_steps: int = Field(
         1, gt=0, description="minibatches whose gradients are averaged into one optimiser step")
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "bf16", "auto"] = Field(
         "fp32", description="TensorDict trainers' agent arithmetic: fp32, or bf16 mixed precision (bf16 "
                             "autocast of the agents' forward passes; fp32 weights, optimiser, log-probs, "
-                            "ratios and losses)")
+                            "ratios and losses), or auto: bf16 on a CPU with native bf16 (AVX512-BF16, "
+                            "AMX), fp32 elsewhere; the run's metadata and result card say which")
     test_greedy: Annotated[bool, BaseRunPreserve("rerun_tests")] = Field(
         False, description="test loop: take each agent's most likely action instead of sampling")
 

@@ -7,6 +7,15 @@ matrix products run in bfloat16; the weights, gradients and optimiser state stay
 (autocast casts the weights on the fly and the backward pass accumulates the weight
 gradients in float32), and the agents return their logits and values in float32, so the
 log-probabilities, ratios, advantages and losses are computed in float32.
+
+``auto`` picks one of the two per machine (:func:`resolve_precision`), by what was
+measured on the GI paper workload (docs/performance.md): bf16 on a CPU that computes bf16
+natively (AVX512-BF16 or AMX), where a bf16 product is several times faster than a float32
+one; float32 everywhere else — a CPU without those instructions runs bf16 products ~100x
+slower than float32 ones (0.7 against 76 GFLOP/s on an AMD EPYC), and on a CUDA GPU the
+eager step is bound by the host, so bf16's casts made it slower (1.95 against 3.05 s per
+iteration on an H200). The trainer records what it picked, and why, in the run's
+``metadata.json`` (``precision``), and the result card shows it.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import ContextManager
 import torch
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+AUTO = "auto"
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
@@ -31,8 +41,33 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
         dtype = PRECISION_DTYPES[precision]
     except KeyError:
         raise ValueError(f"rl.precision: unknown precision {precision!r} "
-                         f"(known: {sorted(PRECISION_DTYPES)})") from None
+                         f"(known: {sorted(PRECISION_DTYPES) + [AUTO]})") from None
     return None if dtype == torch.float32 else dtype
+
+
+def native_cpu_bf16() -> bool:
+    """Whether this CPU computes bf16 dot products natively (AVX512-BF16 or AMX tiles)."""
+    probes = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    return any(probe is not None and bool(probe()) for probe in probes)
+
+
+def resolve_precision(precision: str, device: str | torch.device) -> tuple[str, str]:
+    """``(fp32 or bf16, why)``: ``precision`` itself, or what ``auto`` picks on ``device``.
+
+    Raises
+    ------
+    ValueError
+        If ``precision`` is not ``fp32``, ``bf16`` or ``auto`` (naming ``rl.precision``).
+    """
+    if precision != AUTO:
+        autocast_dtype(precision)  # refuses an unknown one
+        return precision, "rl.precision"
+    device_type = torch.device(device).type
+    if device_type != "cpu":
+        return "fp32", f"auto: float32 on {device_type} (the eager step is bound by the host; bf16 measured slower)"
+    if native_cpu_bf16():
+        return "bf16", "auto: this CPU computes bf16 natively (AVX512-BF16 or AMX)"
+    return "fp32", "auto: this CPU has no native bf16 (no AVX512-BF16, no AMX), where bf16 is far slower"
 
 
 def precision_context(precision: str, device: str | torch.device) -> ContextManager:

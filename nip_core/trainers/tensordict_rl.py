@@ -77,7 +77,7 @@ from nip_core.environments.rollouts import normalized_env, random_observation_st
 from nip_core.errors import CheckpointNotFoundError, TrainingPreempted
 from nip_core.trainers.base import set_global_seed
 from nip_core.trainers.collectors import as_collector, make_collector
-from nip_core.trainers.precision import autocast_dtype, precision_context
+from nip_core.trainers.precision import precision_context, resolve_precision
 from nip_core.trainers.preemption import PreemptionGuard
 from nip_core.trainers.optim import ParamGroupFreezer, backward_losses, build_optimizer, optimizer_step
 from nip_core.trainers.progress import attach_progress_bar
@@ -139,7 +139,9 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         if hp.rl.normalize_observations:
             self._add_normalization_transforms()
         self._build_operators()
-        autocast_dtype(hp.rl.precision)  # refuses an unknown precision, naming rl.precision
+        # fp32 or bf16 (what rl.precision=auto picked here; refuses an unknown one), recorded in the run
+        self.precision, why = resolve_precision(hp.rl.precision, self.settings.device)
+        self.run.update_metadata(precision={"requested": hp.rl.precision, "used": self.precision, "why": why})
         self.loss_module, self.value_estimator = self._get_loss_module_and_gae()
         # Loss buffers (e.g. adaptive KL coefficients) and GAE constants live where the agents do.
         self.loss_module.to(self.settings.device)
@@ -221,7 +223,7 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         train = make_collector(self.train_env, self.policy_operator, self.steps_per_env,
                                num_shards=self.hyper_params.rl.collection_shards,
                                num_workers=self.settings.num_rollout_workers, seed=self.hyper_params.seed,
-                               device=self.settings.device, precision=self.hyper_params.rl.precision,
+                               device=self.settings.device, precision=self.precision,
                                attention_backends=self.attention_backends)
         return train, make_collector(self.test_env, self.policy_operator, self.steps_per_env)
 
@@ -378,7 +380,7 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
 
     def _precision(self):
         """The context of the agents' forward passes (bf16 autocast with ``rl.precision=bf16``)."""
-        return precision_context(self.hyper_params.rl.precision, self.settings.device)
+        return precision_context(self.precision, self.settings.device)
 
     def _loss_forward(self, minibatch):
         """The loss module's forward pass, compiled when :attr:`compile_mode` asks for it."""

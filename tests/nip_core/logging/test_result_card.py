@@ -41,6 +41,7 @@ def test_card_of_a_real_gi_run_matches_the_run_store(gi_run):
     assert (card.final_train_accuracy, card.final_train_iteration) == (train[-1]["mean_decided_accuracy"], 3)
     assert (card.final_test_accuracy, card.final_test_iteration) == (test[-1]["test_mean_decided_accuracy"], 4)
     assert card.text_run is False and card.fine_tune_jobs is None and card.trained_tokens is None
+    assert card.precision == "fp32 (rl.precision)"
     assert card.run_store == str(tmp / "gi-card")
     assert card.report == str(tmp / "gi-card" / "report" / "summary.md") and card.report_written is False
     assert card.report_command == f"nipflow report gi-card --runs-dir {tmp}"
@@ -57,6 +58,7 @@ def test_card_renders_as_markdown_text_and_json(gi_run):
     md = card.to_markdown()
     assert md.splitlines()[0] == "# Result card: gi-card"
     assert "| iterations | 4/4 |" in md
+    assert "| precision | fp32 (rl.precision) |" in md
     assert f"| train accuracy | {card.final_train_accuracy:.4f} (iteration 3) |" in md
     text = card.to_text().splitlines()
     assert text[0].startswith("── Result card: gi-card ")

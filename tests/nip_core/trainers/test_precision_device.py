@@ -11,7 +11,9 @@ from nip_core.agents.mlp import FastTanh
 from nip_core.environments.rollouts import collect_batch
 from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismGnn, encoder_layer_forward
 from nip_core.scenarios.graph_isomorphism.agents.stacked import can_stack
-from nip_core.trainers.precision import autocast_dtype
+from nip_core.logging.result_card import result_card
+from nip_core.trainers import precision as precision_module
+from nip_core.trainers.precision import autocast_dtype, resolve_precision
 from tests.nip_core.trainers.gi_helpers import TINY, make_trainer, params_of, tiny_params
 
 AGENT = dict(TINY, num_transformer_layers=1, d_transformer=8, num_heads=2, d_transformer_mlp=8, d_gnn=4)
@@ -54,6 +56,27 @@ def test_unknown_precision_is_refused():
         autocast_dtype("fp16")
     with pytest.raises(pydantic.ValidationError, match="precision"):
         tiny_params(rl=dict(precision="fp16"))
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "fp32")])
+def test_auto_precision_follows_the_cpu_and_the_card_says_what_it_picked(tmp_path, monkeypatch, native, expected):
+    monkeypatch.setattr(precision_module, "native_cpu_bf16", lambda: native)
+    trainer = make_trainer(tiny_params(rl=dict(precision="auto")), tmp_path)
+    assert trainer.precision == expected
+    with trainer._precision():  # the agents' forward passes run in what was picked
+        assert torch.is_autocast_enabled("cpu") == (expected == "bf16")
+    record = trainer.run.metadata()["precision"]
+    assert (record["requested"], record["used"]) == ("auto", expected)
+    assert record["why"].startswith("auto: ") and ("natively" in record["why"]) == native
+    assert result_card(trainer.run).precision == f"{expected} ({record['why']})"
+
+
+def test_auto_precision_is_float32_off_the_cpu_and_explicit_values_stay():
+    assert resolve_precision("auto", "cuda")[0] == "fp32"
+    assert resolve_precision("bf16", "cpu") == ("bf16", "rl.precision")
+    assert resolve_precision("fp32", "cuda") == ("fp32", "rl.precision")
+    with pytest.raises(ValueError, match="rl.precision"):
+        resolve_precision("fp16", "cpu")
 
 
 def test_bf16_runs_the_bodies_in_bf16_and_returns_fp32_logits_and_values(tmp_path):
