@@ -12,9 +12,9 @@ log-probabilities, ratios, advantages and losses are computed in float32.
 measured on the GI paper workload (docs/performance.md): bf16 on a CPU that computes bf16
 natively (AVX512-BF16 or AMX), where a bf16 product is several times faster than a float32
 one; float32 everywhere else — a CPU without those instructions runs bf16 products ~100x
-slower than float32 ones (0.7 against 76 GFLOP/s on an AMD EPYC), and on a CUDA GPU the
-eager step is bound by the host, so bf16's casts made it slower (1.95 against 3.05 s per
-iteration on an H200). The trainer records what it picked, and why, in the run's
+slower than float32 ones (0.7 against 76 GFLOP/s on an AMD EPYC, where a GI iteration took
+7.8x as long in bf16), and on a CUDA GPU the eager step is bound by the host, so bf16's casts
+made it slower (1.95 against 3.05 s per iteration on an H200). The trainer records what it picked, and why, in the run's
 ``metadata.json`` (``precision``), and the result card shows it.
 """
 
