@@ -3,20 +3,27 @@
 ``tests/data/run_stores_f717b65.tar.gz`` holds two runs that f717b65 (the revision before the
 house was rearranged: one run driver, one parameter carrier, the API server beside the domain
 library) stopped part-way; ``tests/data/make_run_stores.py`` wrote them. Each is resumed with
-``nipflow resume`` and compared with the same run trained by today's code from the start
-(its parameters are the stored ``hyper_params.json``): what today's code computes after the
-resume is what it computes uninterrupted, bit for bit.
+``nipflow resume``. The code-validation run is compared with the same run trained by today's
+code from the start (its parameters are the stored ``hyper_params.json``): what today's code
+computes after the resume is what it computes uninterrupted, bit for bit. The GI run's
+arithmetic changed in the last bits since f717b65 (docs/performance.md), so its test checks
+that the checkpoint restores exactly and that the resume is deterministic instead.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from flows.cli import main
+from nip_core.runs import RunStore
+from nip_core.settings import ExperimentSettings
+from nip_core.trainers.build import build_trainer
 
 pytestmark = pytest.mark.slow
 ARCHIVE = Path(__file__).resolve().parent / "data" / "run_stores_f717b65.tar.gz"
@@ -49,20 +56,42 @@ def fresh_run(runs: Path, stored: Path, run_id: str) -> Path:
 
 
 def test_a_graph_isomorphism_run_of_f717b65_resumes_from_its_pickled_checkpoint(runs, one_thread, capsys, caplog):
+    """Today's GI arithmetic differs from f717b65's in the last bits (fused Adam, the folded
+    tanh and the attention kernel, docs/performance.md), so a fresh run of today's code is no
+    longer f717b65's run bit for bit. What is checked instead: the checkpoint's weights and
+    optimiser state are what today's code restores, exactly; the resume completes; and two
+    copies of the store resume to the same run, bit for bit."""
     old = runs / "gi-f717b65"
     before = metric_rows(old)
     assert sorted(before) == [(0, "train"), (1, "train")]
-    assert main(["resume", "gi-f717b65", "--runs-dir", str(runs), *RUN_FLAGS]) == 0
-    out = capsys.readouterr().out
-    assert "status          completed" in out and "iterations      4/4" in out
+    copy = runs.parent / "copy" / "gi-f717b65"
+    shutil.copytree(old, copy)
+    pickled = torch.load(old / "checkpoints" / "iter_000002.pt", weights_only=False)  # this test's own fixture
+    trainer = build_trainer(RunStore(str(copy.parent)).open_run("gi-f717b65").params,
+                            ExperimentSettings(run_id="gi-f717b65", runs_dir=str(copy.parent), use_wandb=False,
+                                               show_progress=False))
+    assert trainer.restore_latest_checkpoint()
+    restored = trainer.agents.state_dict()
+    assert pickled["agents"].keys() == restored.keys()
+    for key, value in pickled["agents"].items():
+        assert torch.equal(restored[key], value), key
+    optimizer = trainer.optimizer.state_dict()
+    assert not optimizer["param_groups"][0]["fused"]  # the loop that wrote it, so it continues bit for bit
+    for index, state in pickled["optimizer"]["state"].items():
+        assert float(state["step"]) == 16.0  # 2 iterations x 8 minibatch steps
+        for name in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(optimizer["state"][index][name], state[name]), (index, name)
+    trainer.close()
+    del trainer
+    for store in (old, copy):
+        assert main(["resume", "gi-f717b65", "--runs-dir", str(store.parent), *RUN_FLAGS]) == 0
+        out = capsys.readouterr().out
+        assert "status          completed" in out and "iterations      4/4" in out
     assert "a pickled checkpoint of an earlier nipflow" in caplog.text
     resumed = metric_rows(old)
     assert resumed[0, "train"] == before[0, "train"]  # what f717b65 logged is kept
-    today = metric_rows(fresh_run(runs, old, "gi-today"))
-    assert sorted(resumed) == sorted(today) == [(0, "train"), (1, "train"), (2, "train"), (3, "train"),
-                                                (4, "test")]
-    for key in [(2, "train"), (3, "train"), (4, "test")]:
-        assert resumed[key] == today[key], key
+    assert sorted(resumed) == [(0, "train"), (1, "train"), (2, "train"), (3, "train"), (4, "test")]
+    assert resumed == metric_rows(copy)
 
 
 @pytest.mark.long(25)

@@ -6,14 +6,21 @@ import pytest
 import torch
 
 from nip_core.runs import RunStore
+from nip_core.scenarios.graph_isomorphism.build import build_graph_isomorphism
 from nip_core.trainers import pretrain
 from nip_core.trainers.vanilla_ppo import VanillaPpoTrainer
 from tests.nip_core.trainers.gi_helpers import params_of, settings_for, tiny_params, tiny_scenario
+from tests.nip_core.trainers.test_learning import SMALL_AGENT
+from tests.nip_core.trainers.test_learning import datasets as learning_datasets
 
-# Calibrated on both CPU kinds' numerics: with 40 epochs at lr 0.01 the verifier reached 0.75+
-# on the Intel kind but stalled at 0.569 on the AMD EPYC (its float sums differ, and so does
-# the trajectory); at lr 0.003 for 80 epochs it reaches 0.804 there (AMD, the default seed).
 SOLO = dict(num_epochs=80, batch_size=16, learning_rate=0.003)
+# Whether pretraining learns is checked where learning is reliable: the learning tests' data
+# (400 pairs of 5-8 nodes) and agents. On the 64 tiny pairs and tiny agents of the other tests
+# the verifier's train accuracy after SOLO ranged from 0.43 to 0.98 over 20 seeds, so a
+# threshold there held or failed with the last bits of the float arithmetic (it failed when
+# the GI kernels changed on 2026-11-29, and before that between CPU kinds). Here 8 seeds gave
+# 0.96-0.99 (AMD EPYC) after 12 epochs.
+LEARNABLE_SOLO = dict(num_epochs=12, batch_size=32, learning_rate=3e-3)
 
 
 class Recording(VanillaPpoTrainer):
@@ -44,15 +51,19 @@ def make(tmp_path, run_id="r", pretrain_agents=True, cls=Recording, **rl):
 
 
 def test_pretraining_trains_the_bodies_before_iteration_0_and_learns_the_labels(tmp_path):
-    trainer = make(tmp_path)
+    hp = tiny_params(agents={"_default": SMALL_AGENT}, pretrain_agents=True, solo_agent=LEARNABLE_SOLO,
+                     rl=dict(num_iterations=2, frames_per_batch=64, minibatch_size=32))
+    settings = settings_for(tmp_path, run_id="r")
+    trainer = Recording(hp, settings=settings, run=RunStore(str(tmp_path)).open_run("r", hp),
+                        scenario_instance=build_graph_isomorphism(hp, settings, **learning_datasets()))
     initial = body_of(trainer)
     trainer.run_iterations(0, 1)
     pretrained, accuracy = trainer.seen
     assert any(not torch.equal(initial[k], pretrained[k]) for k in initial)
-    assert accuracy >= 0.75  # chance is 0.5: half the pairs are isomorphic
+    assert accuracy >= 0.85  # chance is 0.5: half the pairs are isomorphic
     # the stats are logged once, at step 0, with kind "pretrain"
     rows = [r for r in trainer.run.read_metrics() if r["kind"] == "pretrain"]
-    assert len(rows) == 1 and rows[0]["pretrain_verifier.train_accuracy"] >= 0.75
+    assert len(rows) == 1 and rows[0]["pretrain_verifier.train_accuracy"] >= 0.85
     assert trainer.run.list_checkpoints()[:1] == ["iter_000000"]
 
 
