@@ -91,10 +91,12 @@ def test_a_flow_run_that_runs_again_waits_for_its_earlier_attempts_claim(fakes, 
     parameters = _params(tmp_path, "again")
     hp = parameters.hyper_params()
     storage = RunStore(str(tmp_path / "runs")).run_storage("again")
-    earlier = RunLock(storage, "again", ttl_s=1.5)
+    # ttl 4 s: renewed every 1.3 s by its thread (as a joined block renews it), with room for a
+    # renewal starved of CPU on a loaded machine
+    earlier = RunLock(storage, "again", ttl_s=4.0)
     earlier.describe["flow_run_id"] = "flow-run-1"
-    earlier.acquire()  # renewed every 0.5 s by its thread, as a joined block renews it
-    threading.Timer(4.0, earlier.stop_renewing).start()  # the block ends; the claim lapses 1.5 s later
+    earlier.acquire()
+    threading.Timer(4.0, earlier.stop_renewing).start()  # the block ends; the claim lapses within 4 s
     trainer = build_trainer(hp, parameters.settings(hp))
     trainer.run.lock.ttl_s = 1.5
     started = time.monotonic()
@@ -102,14 +104,19 @@ def test_a_flow_run_that_runs_again_waits_for_its_earlier_attempts_claim(fakes, 
         waited = time.monotonic() - started
         assert lock.held and lock.generation == earlier.generation + 1
         assert lock.view().holder["flow_run_id"] == "flow-run-1"
-    assert 4.0 <= waited < 4.0 + 1.5 * 3  # past 1.5 ttl (2.25 s): it waited for the claim, not a deadline
+    assert 4.0 <= waited < 4.0 + 4.0 * 2  # past its 1.5 ttl (2.25 s): it waited for the claim, not a deadline
 
-    other = RunLock(storage, "again", ttl_s=1.5)
+    # Another driver's claim, renewed with a ttl long enough that a renewal starved of CPU on
+    # a loaded machine still lands in its window; the newcomer gives up after 1.5 of its own ttl.
+    other = RunLock(storage, "again", ttl_s=30.0)
     other.describe["flow_run_id"] = "another-flow-run"
     other.acquire()
+    newcomer = build_trainer(hp, parameters.settings(hp))
+    newcomer.run.lock.ttl_s = 1.5
     try:
         with pytest.raises(RunLockedError):
-            with driving(build_trainer(hp, parameters.settings(hp))):
+            with driving(newcomer):
                 pass
+        assert other.held and other.view().holder["flow_run_id"] == "another-flow-run"
     finally:
         other.release()

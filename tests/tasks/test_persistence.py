@@ -120,11 +120,11 @@ def test_stage_lock_of_a_killed_holder_is_taken_over_once_expired(tmp_path):
 
 def test_stage_lock_of_a_live_holder_is_respected_and_renewed(tmp_path):
     storage = Storage(str(tmp_path))
-    holder = LeaseLockManager(storage, ttl_s=0.6)
+    holder = LeaseLockManager(storage, ttl_s=1.5)  # renewal window 1 s: room for a thread starved of CPU
     assert holder.acquire_lock("k", holder="me")
-    other = LeaseLockManager(storage, ttl_s=0.6)
+    other = LeaseLockManager(storage, ttl_s=1.5)
     # kept alive well past its ttl by the renewal thread
-    assert other.acquire_lock("k", holder="other", acquire_timeout=1.5) is False
+    assert other.acquire_lock("k", holder="other", acquire_timeout=3.5) is False
     assert holder.is_lock_holder("k", "me")
     holder.release_lock("k", "me")
     assert other.acquire_lock("k", holder="other", acquire_timeout=0.5)
