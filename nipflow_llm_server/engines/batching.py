@@ -8,6 +8,11 @@ not shrink to the few requests that happened to arrive together (with batches ge
 the end, the rollouts of an iteration split into groups that took turns, each group decoding
 for its longest row). When nothing runs, the first request waits ``window_s`` for others,
 so a burst of requests is prefilled together. Models (batch keys) take turns step by step.
+
+A request nobody waits for any more (its future was cancelled: the chat route cancels it
+when its client disconnects) leaves at once: its queued rows are never admitted and its
+running rows are dropped from the batch before the next step, so a client that timed out
+and retried does not have its first attempt decoded to the end beside the second.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class Batcher:
         self.window_s = window_s
         self.max_batch = max_batch
         self.batch_sizes: list[int] = []  # rows of a batch each time rows joined it (tests, logs)
+        self.dropped_rows = 0  # rows left unfinished because their request was abandoned
         self._queue: queue.Queue[_Pending | None] = queue.Queue()
         self._thread: threading.Thread | None = None
 
@@ -110,13 +116,15 @@ class Batcher:
             if not stopping:
                 items, stopping = self._take(block=not batches and not waiting)
                 waiting += items
+            waiting = [item for item in waiting if not item.future.done()]  # abandoned before joining
             admitted = [item for item in waiting if self._admit(item, batches, owners)]
             if admitted:  # one entry per batch that rows joined in this round
                 self.batch_sizes += [len(batches[key]) for key in dict.fromkeys(i.key for i in admitted)
                                      if key in batches]
             waiting = [item for item in waiting if item.admitted < len(item.rows) and not item.future.done()]
             for key in list(batches):
-                self._step(key, batches, owners)
+                if self._drop_abandoned(key, batches, owners):
+                    self._step(key, batches, owners)
             if stopping and not batches:
                 for item in waiting:  # cannot happen unless admission failed; answer them all the same
                     _settle_in(item, None, RuntimeError("the generation queue stopped"))
@@ -144,6 +152,25 @@ class Batcher:
             return False
         item.admitted = take[-1] + 1
         owners[item.key].append(item)
+        return True
+
+    def _drop_abandoned(self, key: Any, batches: dict[Any, DecodeBatch], owners: dict[Any, list[_Pending]]) -> bool:
+        """Drop the rows of ``key``'s batch whose request is abandoned; False when none are left.
+
+        Requests already answered leave ``owners`` here too."""
+        done = {item for item in owners[key] if item.future.done()}  # one look: futures change meanwhile
+        owners[key] = [item for item in owners[key] if item not in done]
+        gone = [item for item in done if item.left > 0]
+        if gone:
+            batch = batches[key]
+            dropped = batch.drop(lambda owner: owner[0] in done)
+            self.dropped_rows += dropped
+            log.warning("%d sequences of %d requests nobody waits for (client disconnected, or the request failed) "
+                        "left the batch unfinished; %d still running", dropped, len(gone), len(batch))
+            if not len(batch):
+                del batches[key]
+                owners.pop(key, None)
+                return False
         return True
 
     def _step(self, key: Any, batches: dict[Any, DecodeBatch], owners: dict[Any, list[_Pending]]) -> None:

@@ -198,13 +198,9 @@ class DecodeBatch:
                                       row_kv([(k[i], v[i]) for k, v in layers], self.attention[i], len(kept)))
         finished = [self.running[i] for i in done]
         keep = [i for i, r in enumerate(self.running) if r.finish is None]
+        self._retain(keep)
         if not keep:
-            self.running, self.cache = [], None
-            self.attention = self.next_pos = self.logits = None
             return finished
-        if done:
-            self._keep(keep)
-        self.running = [self.running[i] for i in keep]
         feed = [feed[i] for i in keep]
         for r, token in zip(self.running, feed):
             r.fed.append(token)
@@ -216,8 +212,29 @@ class DecodeBatch:
         self.next_pos = self.next_pos + 1
         return finished
 
+    def drop(self, gone: Callable[[Any], bool]) -> int:
+        """Rows whose owner ``gone`` names leave unfinished (nobody waits for them any more:
+        their client disconnected); returns how many left. The others go on as if the
+        dropped rows had never been there."""
+        keep = [i for i, r in enumerate(self.running) if not gone(r.owner)]
+        dropped = len(self.running) - len(keep)
+        if dropped:
+            self._retain(keep)
+        return dropped
+
+    def _retain(self, keep: list[int]) -> None:
+        """Only rows ``keep`` (indices into ``running``, in order) stay."""
+        if len(keep) == len(self.running):
+            return
+        if not keep:
+            self.running, self.cache = [], None
+            self.attention = self.next_pos = self.logits = None
+            return
+        self._keep(keep)
+        self.running = [self.running[i] for i in keep]
+
     def _keep(self, keep: list[int]) -> None:
-        """Only rows ``keep`` stay; columns no remaining row uses go."""
+        """Only the cache rows ``keep`` stay; columns no remaining row uses go."""
         index = torch.tensor(keep, dtype=torch.long, device=self.attention.device)
         attention = self.attention.index_select(0, index)
         first = int(attention.any(0).nonzero()[0])

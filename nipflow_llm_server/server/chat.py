@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
+from collections.abc import Awaitable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 from fastapi import APIRouter, Request
@@ -12,12 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nipflow_llm_server.engines.base import ChatResult, ConstraintError, Generation, SamplingParams
 from nipflow_llm_server.engines.constraints import parse_constraint
-from nipflow_llm_server.server.errors import invalid_request, model_not_found
+from nipflow_llm_server.server.errors import ApiError, invalid_request, model_not_found
 from nipflow_llm_server.server.records import new_id, now
 from nipflow_llm_server.server.registry import UnknownModelError
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 SYSTEM_FINGERPRINT = "fp_nipflow_local"
+#: seconds between two looks, while a completion is generated, at whether its client is still there
+DISCONNECT_POLL_S = 0.5
+T = TypeVar("T")
 
 
 class ChatMessage(BaseModel):
@@ -138,4 +145,28 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request) -
         model = await anyio.to_thread.run_sync(state.registry.get, req.model)
     except UnknownModelError:
         raise model_not_found(req.model) from None
-    return completion_body(req, await state.engine.chat(model, messages, params))
+    result = await _while_connected(request, state.engine.chat(model, messages, params))
+    return completion_body(req, result)
+
+
+async def _while_connected(request: Request, work: Awaitable[T]) -> T:
+    """``work``'s result; ``work`` is cancelled if the client disconnects first.
+
+    Starlette does not cancel a route whose client has gone (a timed-out client that retries,
+    a killed driver), and decoding for nobody takes rows of the batch from everyone else: the
+    engine drops the rows of a cancelled request (:mod:`~nipflow_llm_server.engines.batching`).
+    The answer to a client that has gone (499, nginx's "client closed request") reaches nobody.
+    """
+    task = asyncio.ensure_future(work)
+    started = time.monotonic()
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                log.warning("chat completion abandoned: its client disconnected after %.1f s", time.monotonic() - started)
+                raise ApiError(499, "The client closed the request before its completion was generated.",
+                               type="invalid_request_error", code="client_closed_request")
+    finally:
+        task.cancel()

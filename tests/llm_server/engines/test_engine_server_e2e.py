@@ -4,13 +4,16 @@ trained with TRL whose adapters are served at once, and the capability check."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 
 from nip_core.llm.capabilities import ModelNotFineTunableError, check_fine_tunable
 from nipflow_llm_server.engines.tiny import build_tokenizer
 from nipflow_llm_server.engines.transformers_engine import TransformersEngine
+from nipflow_llm_server.launcher import LOG_FILE
 from nipflow_llm_server.engines.trl_training import completion_logprob
 from tests.llm_server.engines.engine_helpers import (
     clue_examples, greedy_hits, jsonl, preference_examples, wait_for_job,
@@ -68,6 +71,28 @@ def test_concurrent_requests_get_the_answers_they_get_alone(tiny_client):
     with ThreadPoolExecutor(6) as pool:
         together = list(pool.map(ask, range(6)))
     assert together == alone
+
+
+def test_a_client_that_times_out_has_its_rows_dropped_not_decoded_to_the_end(tiny_server):
+    """The official client gives up after 2 s on 3 greedy rows of 900 tokens (about 7 s): the
+    server sees the disconnect, cancels the request and drops its rows from the batch."""
+    log_file = tiny_server.data_dir / LOG_FILE
+    start = log_file.stat().st_size
+    impatient = tiny_server.client(max_retries=0, timeout=2.0)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(model=TINY, messages=[{"role": "user", "content": "turn "}], n=3,
+                                          temperature=0, max_tokens=900)
+    lines: list[str] = []
+    for _ in range(300):
+        lines = log_file.read_text()[start:].splitlines()
+        if any("left the batch unfinished" in line for line in lines):
+            break
+        time.sleep(0.1)
+    assert any("chat completion abandoned: its client disconnected" in line for line in lines), lines
+    assert any("3 sequences of 1 requests nobody waits for" in line for line in lines), lines
+    patient = tiny_server.client(max_retries=0, timeout=60.0)
+    reply = patient.chat.completions.create(model=TINY, messages=PROMPT, seed=1, max_tokens=8)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8
 
 
 def test_capability_check_against_the_server(tiny_server, tiny_client):
