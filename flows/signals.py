@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
+import time
 from types import FrameType
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 #: The signals a foreground command handles.
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -24,6 +26,60 @@ HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 class StopRequested(Exception):
     """A handled signal asked the command to stop; ``args[0]`` is the signal's name."""
+
+
+# -- a stop that Python swallowed is delivered again ------------------------------------------------
+# A handler's exception is raised in whatever the main thread runs between two bytecodes. When that
+# is a weakref callback, a __del__ or a garbage-collector callback, Python prints "Exception ignored
+# in ..." (sys.unraisablehook) and carries on: the stop is lost, and the command would train on.
+# While a handler block is active, such a lost stop exception is noticed in sys.unraisablehook and
+# its signal is sent to the main thread again, shortly after, from a helper thread.
+
+#: Seconds between a lost stop and its new delivery (the main thread leaves the callback first).
+REDELIVER_AFTER_S = 0.01
+
+_hook_users = 0
+_chained_hook: Callable[[Any], None] | None = None
+
+
+def _on_unraisable(unraisable: Any) -> None:
+    lost = getattr(unraisable.exc_value, "nipflow_when_lost", None)
+    if lost is None:
+        (_chained_hook or sys.__unraisablehook__)(unraisable)
+        return
+    signum, forget = lost
+    forget()  # the handler must raise again when the signal comes back
+    threading.Thread(target=_redeliver, args=(signum,), name="nipflow-redeliver-stop", daemon=True).start()
+
+
+def _redeliver(signum: int) -> None:
+    time.sleep(REDELIVER_AFTER_S)
+    try:
+        signal.pthread_kill(threading.main_thread().ident, signum)
+    except (OSError, TypeError):
+        pass  # the main thread is gone: the process is ending anyway
+
+
+@contextlib.contextmanager
+def _redelivering_lost_stops() -> Iterator[None]:
+    global _hook_users, _chained_hook
+    if _hook_users == 0:
+        _chained_hook, sys.unraisablehook = sys.unraisablehook, _on_unraisable
+    _hook_users += 1
+    try:
+        yield
+    finally:
+        _hook_users -= 1
+        if _hook_users == 0:
+            if sys.unraisablehook is _on_unraisable:  # not replaced meanwhile
+                sys.unraisablehook = _chained_hook or sys.__unraisablehook__
+            _chained_hook = None
+
+
+def _stop_with(error: BaseException, signum: int, forget: Callable[[], None] = lambda: None) -> BaseException:
+    """``error``, marked so that :func:`_on_unraisable` delivers ``signum`` again if Python swallows it."""
+    error.nipflow_when_lost = (signum, forget)
+    return error
 
 
 class ForegroundSignals:
@@ -43,13 +99,14 @@ def foreground_signals(raise_on: tuple[signal.Signals, ...] = HANDLED) -> Iterat
     Python's ``KeyboardInterrupt``). The previous handlers are restored on exit.
     """
     def stop(signum, frame):
-        raise StopRequested(signal.Signals(signum).name)
+        raise _stop_with(StopRequested(signal.Signals(signum).name), signum)
 
     previous = {sig: signal.getsignal(sig) for sig in HANDLED}
     for sig in raise_on:
         signal.signal(sig, stop)
     try:
-        yield ForegroundSignals()
+        with _redelivering_lost_stops():
+            yield ForegroundSignals()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -101,7 +158,7 @@ class StopSignals:
         if self.received is None and not self.shielded:
             self.received = signum
             self.shielded = True  # the first signal stops the command; the cleanup then runs to its end
-            raise Interrupted(signum)
+            raise _stop_with(Interrupted(signum), signum, self._lost)
         # os.write, not print: a handler that runs while the main thread is writing to stderr
         # would make a buffered write re-entrant (RuntimeError), cutting the clean-up short
         try:
@@ -112,6 +169,10 @@ class StopSignals:
     def shield(self) -> None:
         """From now on ignore every handled signal (the command's cleanup has begun)."""
         self.shielded = True
+
+    def _lost(self) -> None:
+        """Python swallowed the stop (raised inside a weakref callback or ``__del__``): no stop yet."""
+        self.received, self.shielded = None, False
 
 
 #: The :func:`stop_like_ctrl_c` blocks active in this process.
@@ -136,7 +197,9 @@ def stop_like_ctrl_c() -> Iterator[StopSignals]:
     server are stopped, the run store records the invocation as interrupted. Every later
     signal is ignored (with a line on stderr), also after this block when a signal stopped
     the command: the process is ending, and the ``atexit`` hooks must not be cut short
-    either. Without a signal the previous handlers come back on exit.
+    either. Without a signal the previous handlers come back on exit. A stop that lands in a
+    weakref callback or a ``__del__`` (where Python only prints "Exception ignored") is raised
+    again shortly after, outside it.
 
     A signal whose disposition is ``SIG_IGN`` (SIGHUP under ``nohup``, SIGINT in a background
     job of a non-interactive shell) stays ignored, and a SIGINT handler other than Python's
@@ -155,7 +218,8 @@ def stop_like_ctrl_c() -> Iterator[StopSignals]:
             signal.signal(sig, stop.handle)
     _active.append(stop)
     try:
-        yield stop
+        with _redelivering_lost_stops():
+            yield stop
     finally:
         _active.remove(stop)
         if stop.received is None:

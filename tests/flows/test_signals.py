@@ -120,3 +120,72 @@ def test_nipflow_run_exits_128_plus_the_signal_after_a_clean_up_that_a_second_si
     assert cleaned == ["servers released"]
     assert ("nipflow: interrupted" if sig == signal.SIGINT else f"nipflow: stopped by {sig.name}") in err
     assert "SIGTERM ignored: stopping already" in err
+
+
+# -- a stop raised where Python swallows exceptions (a weakref callback, __del__) is raised again -------
+
+class _Collected:
+    pass
+
+
+def _signal_inside_a_weakref_callback(sig):
+    """Deliver ``sig`` while a weakref callback runs: its handler's exception is "ignored" there."""
+    import weakref
+
+    target = _Collected()
+    ref = weakref.ref(target, lambda _: signal.raise_signal(sig))  # raise_signal runs the handler at once
+    del target
+    return ref
+
+
+def _spin(seconds):
+    import time
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # Python code: the handler can run between any two bytecodes
+        pass
+
+
+def test_a_stop_swallowed_in_a_weakref_callback_still_stops_the_command(handlers, capfd):
+    import sys
+
+    from flows.signals import Interrupted, stop_like_ctrl_c
+
+    hook = sys.unraisablehook
+    with pytest.raises(Interrupted) as caught:
+        with stop_like_ctrl_c() as stop:
+            _signal_inside_a_weakref_callback(signal.SIGINT)
+            _spin(10)  # without the second delivery the command trains on
+    assert (caught.value.exit_status, stop.received) == (130, signal.SIGINT)
+    assert "Exception ignored" not in capfd.readouterr().err
+    assert sys.unraisablehook is hook  # the previous hook is put back after the block
+
+
+def test_a_foreground_stop_swallowed_in_a_weakref_callback_is_raised_again():
+    from flows.signals import foreground_signals
+
+    with pytest.raises(StopRequested) as caught:
+        with foreground_signals():
+            _signal_inside_a_weakref_callback(signal.SIGTERM)
+            _spin(10)
+    assert caught.value.args == ("SIGTERM",)
+
+
+def test_other_unraisable_exceptions_still_reach_the_previous_hook(handlers):
+    import sys
+
+    from flows.signals import stop_like_ctrl_c
+
+    seen = []
+
+    class Noisy:
+        def __del__(self):
+            raise ValueError("in __del__")
+
+    previous, sys.unraisablehook = sys.unraisablehook, lambda u: seen.append(type(u.exc_value))
+    try:
+        with stop_like_ctrl_c():
+            Noisy()
+        assert seen == [ValueError]
+    finally:
+        sys.unraisablehook = previous
