@@ -9,12 +9,21 @@ transposed, ``(4×24)·(24×24)`` (one thread, MKL, 2,048 matrices: 1.76 ms agai
 :func:`attention_core` therefore computes the output and, in float32, every gradient in
 the transposed form (:class:`_Attention`), and adds the mask to the scores in place (a
 broadcast over the heads) instead of materialising it per head.
+
+On the CPU even that is mostly call overhead: :func:`self_attention`, what the bodies call,
+runs the C kernel ``nip_core/native/self_attention.c`` (vector lanes across sequences,
+forward and backward, 3-4x faster than the products here) and falls back to
+:func:`attention_core` where the kernel does not apply or cannot be built.
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 from torch import Tensor
+
+from nip_core.native.build import load
 
 
 AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
@@ -86,3 +95,99 @@ def attention_core(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor, p_dropout
     if p_dropout > 0:
         weights = torch.nn.functional.dropout(weights, p_dropout)
     return torch.matmul(weights, v)
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    library.nip_self_attention_forward.argtypes = [i64, i64, i64, i64, ptr, ctypes.c_int, ptr, i64,
+                                                   ctypes.c_float, ptr, ptr]
+    library.nip_self_attention_backward.argtypes = [i64, i64, i64, i64, ptr, ctypes.c_int, ptr,
+                                                    ctypes.c_float, ptr, ptr]
+    library.nip_self_attention_forward.restype = library.nip_self_attention_backward.restype = ctypes.c_int
+    library.nip_self_attention_weights_size.argtypes = [i64, i64, i64]
+    library.nip_self_attention_weights_size.restype = i64
+
+
+def _kernel() -> ctypes.CDLL | None:
+    return load("self_attention", _declare)
+
+
+def _composed_self_attention(qkv: Tensor, attn_mask: Tensor, num_heads: int, p_dropout: float) -> Tensor:
+    """:func:`self_attention` as PyTorch operations (:func:`attention_core` over views of ``qkv``)."""
+    G, L, width = qkv.shape
+    d = width // 3
+    mask_batch = attn_mask.shape[0] if attn_mask.dim() == 4 else 1
+    q, k, v = qkv.view(G // mask_batch, mask_batch, L, 3, num_heads, d // num_heads).permute(3, 0, 1, 4, 2, 5).unbind(0)
+    out = attention_core(q, k, v, attn_mask, p_dropout)  # (G / Bm, Bm, H, L, dh)
+    return out.transpose(-2, -3).reshape(G, L, d)
+
+
+class _NativeSelfAttention(torch.autograd.Function):
+    """:func:`self_attention` by the C kernel (``nip_core/native/self_attention.c``).
+
+    The backward pass is the kernel too; when it is itself differentiated (SPG's second
+    derivatives, ``create_graph=True``) it is taken through the PyTorch composition instead.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, mask: Tensor, num_heads: int) -> Tensor:
+        G, L, width = qkv.shape
+        d = width // 3
+        out = qkv.new_empty(G, L, d)
+        kernel = _kernel()
+        weights = torch.empty(kernel.nip_self_attention_weights_size(G, L, num_heads), dtype=torch.float32)
+        scale = (d // num_heads) ** -0.5
+        status = kernel.nip_self_attention_forward(G, L, num_heads, d // num_heads, qkv.data_ptr(),
+                                                      int(qkv.dtype == torch.bfloat16), mask.data_ptr(),
+                                                      mask.shape[0], scale, out.data_ptr(), weights.data_ptr())
+        if status != 0:
+            raise MemoryError("self_attention kernel: could not allocate its work buffers")
+        ctx.save_for_backward(qkv, mask, weights)
+        ctx.num_heads = num_heads
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        qkv, mask, weights = ctx.saved_tensors
+        if torch.is_grad_enabled():  # differentiating the backward: through the composition
+            out = _composed_self_attention(qkv, mask.unsqueeze(1), ctx.num_heads, 0.0)
+            return torch.autograd.grad(out, qkv, grad_out, create_graph=True)[0], None, None
+        G, L, width = qkv.shape
+        H = ctx.num_heads
+        dh = width // 3 // H
+        grad_out = grad_out.to(qkv.dtype).contiguous()
+        grad_qkv = torch.empty_like(qkv)
+        status = _kernel().nip_self_attention_backward(G, L, H, dh, qkv.data_ptr(), int(qkv.dtype == torch.bfloat16),
+                                                       weights.data_ptr(), dh ** -0.5, grad_out.data_ptr(),
+                                                       grad_qkv.data_ptr())
+        if status != 0:
+            raise MemoryError("self_attention kernel: could not allocate its work buffers")
+        return grad_qkv, None, None
+
+
+def native_self_attention_applies(qkv: Tensor, attn_mask: Tensor, p_dropout: float) -> bool:
+    """Whether :func:`self_attention` runs the C kernel for these inputs (else the composition)."""
+    G, L = qkv.shape[:2]
+    return (qkv.device.type == "cpu" and p_dropout == 0 and qkv.dtype in (torch.float32, torch.bfloat16)
+            and attn_mask.dim() == 4 and attn_mask.shape[1:] == (1, L, L) and G % attn_mask.shape[0] == 0
+            and attn_mask.device.type == "cpu" and _kernel() is not None)
+
+
+@torch.compiler.disable
+def self_attention(qkv: Tensor, attn_mask: Tensor, num_heads: int, p_dropout: float) -> Tensor:
+    """Multi-head self-attention from the packed in-projection, before the out-projection.
+
+    ``qkv`` is ``(G, L, 3 d)``: each token's ``[q | k | v]``, each ``num_heads`` heads of
+    ``d / num_heads``. ``attn_mask`` is additive, ``(Bm, 1, L, L)`` with ``G`` a multiple of
+    ``Bm``: sequence ``g`` uses mask ``g % Bm`` (several bodies' sequences stacked as
+    ``g = k Bm + b``). Returns ``(G, L, d)``, the heads side by side as
+    :class:`torch.nn.MultiheadAttention` concatenates them.
+
+    On the CPU without dropout this is the C kernel ``nip_core/native/self_attention.c``
+    (float32 or bfloat16 values, float32 arithmetic; docs/performance.md); otherwise, or when
+    the kernel cannot be built, :func:`attention_core` over views of ``qkv``.
+    """
+    if native_self_attention_applies(qkv, attn_mask, p_dropout):
+        mask = attn_mask.reshape(attn_mask.shape[0], *attn_mask.shape[2:]).to(torch.float32).contiguous()
+        return _NativeSelfAttention.apply(qkv.contiguous(), mask, num_heads)
+    return _composed_self_attention(qkv, attn_mask, num_heads, p_dropout)

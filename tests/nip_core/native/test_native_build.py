@@ -1,0 +1,77 @@
+"""Building, caching and falling back for native kernels (nip_core/native/build.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nip_core.native import build
+from nip_core.scenarios.graph_isomorphism.agents import attention
+
+
+def _declare(library):
+    library.nip_self_attention_lanes.restype = build.ctypes.c_int64
+
+
+def test_a_build_lands_in_the_cache_directory_and_is_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path))
+    library = build.load("self_attention", _declare)
+    assert library is not None and library.nip_self_attention_lanes() == 16
+    built = sorted(p.name for p in tmp_path.iterdir())
+    assert len(built) == 1 and built[0].startswith("self_attention-") and built[0].endswith(".so")
+    # another process finds the library there instead of compiling it again
+    before = (tmp_path / built[0]).stat()
+    script = "from nip_core.native import build; raise SystemExit(build.load('self_attention', lambda l: None) is None)"
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, build.CACHE_VARIABLE: str(tmp_path)})
+    assert done.returncode == 0
+    after = (tmp_path / built[0]).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert sorted(p.name for p in tmp_path.iterdir()) == built  # no partial files left behind
+
+
+def test_without_a_compiler_the_composition_runs_and_says_why(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with caplog.at_level(logging.WARNING, logger=build.__name__):
+        assert build.load("self_attention", _declare) is None
+    assert "no working C compiler" in caplog.text and "no-such-cc" in caplog.text
+    assert list(tmp_path.iterdir()) == []
+    qkv, mask = _inputs()
+    assert not attention.native_self_attention_applies(qkv, mask, 0.0)
+    assert type(attention.self_attention(qkv, mask, 4, 0.0).grad_fn).__name__ != "_NativeSelfAttentionBackward"
+
+
+def test_a_compiler_error_is_logged_and_nothing_is_cached(tmp_path, monkeypatch, caplog):
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo fake-cc 1.0; exit 0; }\n"
+                       "echo 'self_attention.c:1: error: broken' >&2; exit 1\n")
+    failing.chmod(0o755)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(build.CACHE_VARIABLE, str(cache))
+    monkeypatch.setenv("CC", str(failing))
+    with caplog.at_level(logging.WARNING, logger=build.__name__):
+        assert build.load("self_attention", _declare) is None
+    assert "could not be built" in caplog.text and "error: broken" in caplog.text
+    assert list(cache.iterdir()) == []
+
+
+def test_nipflow_native_0_turns_the_kernels_off(monkeypatch):
+    monkeypatch.setenv(build.ENABLE_VARIABLE, "0")
+    assert build.load("self_attention", _declare) is None
+    qkv, mask = _inputs()
+    assert not attention.native_self_attention_applies(qkv, mask, 0.0)
+
+
+@pytest.fixture(autouse=True)
+def _forget_loaded(monkeypatch):
+    monkeypatch.setattr(build, "_loaded", {})
+
+
+def _inputs():
+    qkv = torch.randn(4, 6, 48, requires_grad=True)
+    return qkv, torch.zeros(4, 1, 6, 6)
