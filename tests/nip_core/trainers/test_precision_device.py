@@ -207,4 +207,4 @@ def test_stacked_policy_and_value_bodies_match_separate_bodies(tmp_path, norm_fi
     assert stacked_grads.keys() == separate_grads.keys()
     assert any(k.startswith("value_body.") for k in stacked_grads)
     for key, grad in separate_grads.items():
-        torch.testing.assert_close(stacked_grads[key], grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(stacked_grads[key], grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{key}: {m}")

@@ -8,11 +8,13 @@ history ``x``, the latest message, the two graphs) into a representation of each
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nip_core.agents.base import AgentBody, TensorDictAgentPartMixin
-from nip_core.agents.mlp import activation_class, two_layer_mlp
+from nip_core.agents.mlp import FastTanh, activation_class, two_layer_mlp
 from nip_core.scenarios.graph_isomorphism.agents.attention import autocast_enabled, self_attention
+from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import folded_tanh_mlp, stacked_two_layer_mlp
 
 
 def compute_dtype(reference: Tensor, parameter: Tensor) -> torch.dtype:
@@ -32,7 +34,13 @@ class DenseGinLayer(nn.Module):
     def forward(self, h: Tensor, self_adjacency: Tensor, node_mask: Tensor) -> Tensor:
         # h: (..., N, d); self_adjacency: (..., N, N) float, A + I; node_mask: (..., N, 1) or (..., N, d) float
         first, activation, second = self.mlp
-        return two_layer_mlp(self_adjacency @ h, first, activation, second) * node_mask
+        x = self_adjacency @ h
+        if isinstance(activation, FastTanh):  # as the stacked bodies compute it (agents/stacked.py)
+            out = folded_tanh_mlp(x.reshape(1, -1, x.shape[-1]), first.weight.t().unsqueeze(0),
+                                  None if first.bias is None else first.bias.unsqueeze(0),
+                                  second.weight.t().unsqueeze(0), None if second.bias is None else second.bias.unsqueeze(0))
+            return out.view(*x.shape[:-1], -1) * node_mask
+        return two_layer_mlp(x, first, activation, second) * node_mask
 
 
 class GraphIsomorphismGnn(nn.Module):
@@ -219,6 +227,12 @@ def encoder_layer_forward(layer: nn.TransformerEncoderLayer, x: Tensor, attn_mas
         return torch.nn.functional.dropout(out, p_drop) if p_drop > 0 else out
 
     def feed_forward(src: Tensor) -> Tensor:
+        first, second = layer.linear1, layer.linear2
+        if p_drop == 0 and layer.activation is F.relu and first.bias is not None and second.bias is not None:
+            # as the stacked bodies compute it (agents/stacked.py)
+            out = stacked_two_layer_mlp(src.reshape(1, B * L, d), first.weight.t().unsqueeze(0), first.bias.unsqueeze(0),
+                                        "relu", second.weight.t().unsqueeze(0), second.bias.unsqueeze(0))
+            return out.view(B, L, -1)
         hidden = layer.activation(layer.linear1(src))
         if p_drop > 0:
             hidden = torch.nn.functional.dropout(hidden, p_drop)

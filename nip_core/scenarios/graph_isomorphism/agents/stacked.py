@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from nip_core.agents.mlp import FastTanh
 from nip_core.scenarios.graph_isomorphism.agents.attention import self_attention
 from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody, compute_dtype
+from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import folded_tanh_mlp, stacked_two_layer_mlp
 
 
 def _structure(body: nn.Module) -> tuple:
@@ -69,12 +70,10 @@ def _mlp(x: Tensor, mlps: Sequence[nn.Sequential]) -> Tensor:
     firsts, seconds, activation = [mlp[0] for mlp in mlps], [mlp[2] for mlp in mlps], mlps[0][1]
     if not isinstance(activation, FastTanh):
         return _linear(activation(_linear(x, firsts)), seconds)
-    w1, b1 = _weights(firsts)
-    w2, b2 = _weights(seconds)
-    flat = x.reshape(x.shape[0], -1, x.shape[-1])
-    hidden = torch.sigmoid(torch.bmm(flat, 2 * w1) if b1 is None else torch.baddbmm(2 * b1, flat, 2 * w1))
-    shift = -w2.sum(1, keepdim=True) if b2 is None else b2 - w2.sum(1, keepdim=True)
-    return torch.baddbmm(shift, hidden, 2 * w2).view(*x.shape[:-1], w2.shape[-1])
+    (w1, b1), (w2, b2) = _weights(firsts), _weights(seconds)
+    out = folded_tanh_mlp(x.reshape(x.shape[0], -1, x.shape[-1]), w1, None if b1 is None else b1.squeeze(1), w2,
+                          None if b2 is None else b2.squeeze(1))
+    return out.view(*x.shape[:-1], w2.shape[-1])
 
 
 def _shared_linear(x: Tensor, linears: Sequence[nn.Linear]) -> Tensor:
@@ -154,8 +153,12 @@ def _encoder_layer(layers: Sequence[nn.TransformerEncoderLayer], x: Tensor, attn
         return dropout(_linear(out, [a.out_proj for a in attention]), p_drop)
 
     def feed_forward(src: Tensor) -> Tensor:
-        hidden = dropout(first.activation(_linear(src, [layer.linear1 for layer in layers])), p_drop)
-        return dropout(_linear(hidden, [layer.linear2 for layer in layers]), p_drop)
+        firsts, seconds = [layer.linear1 for layer in layers], [layer.linear2 for layer in layers]
+        if p_drop == 0 and first.activation is F.relu and firsts[0].bias is not None and seconds[0].bias is not None:
+            (w1, b1), (w2, b2) = _weights(firsts), _weights(seconds)
+            return stacked_two_layer_mlp(src, w1, b1.squeeze(1), "relu", w2, b2.squeeze(1))
+        hidden = dropout(first.activation(_linear(src, firsts)), p_drop)
+        return dropout(_linear(hidden, seconds), p_drop)
 
     norm1, norm2 = [layer.norm1 for layer in layers], [layer.norm2 for layer in layers]
     if first.norm_first:

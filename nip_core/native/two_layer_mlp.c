@@ -1,0 +1,238 @@
+/* K stacked two-layer MLPs, y = act(x W1 + b1) W2 + b2, forward and backward, on the CPU.
+ *
+ * Built and loaded by nip_core/native/build.py (docs/performance.md, "The MLP kernel"). The GI
+ * bodies' GIN layers and transformer feed-forward blocks are such MLPs on ~11,000 rows of 16
+ * numbers with a hidden width of 64: as batched products plus an elementwise activation, the
+ * 64-wide hidden tensor is written and read several times forwards and backwards. Here the
+ * vector lanes run across LANES rows, and a block of rows goes through both layers (and, in
+ * the backward pass, through both layers' gradients) with its hidden values held in a small
+ * work buffer; the hidden tensor is never written out: the backward pass recomputes it.
+ *
+ * x, y and their gradients are float32 or bfloat16 (bf16 == 1) in memory, (K, M, d) row-major;
+ * weights and their gradients are float32: W1 (K, din, dh), b1 (K, dh), W2 (K, dh, dout),
+ * b2 (K, dout). Arithmetic is float32, each lane in a fixed order. act: 0 relu, 1 sigmoid.
+ * Weight gradients are summed per lane over the blocks, then over the lanes in order.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+typedef float vf __attribute__((vector_size(LANES * 4), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(LANES * 4), aligned(4)));
+
+static inline vf splat(float x) {
+    vf out = {0};
+    return out + x;
+}
+
+static inline vf lane_select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
+
+/* exp as in self_attention.c: Cephes' polynomial, ~2 ulp, 0 below the normal range. */
+static inline vf vexp(vf x) {
+    const float hi = 88.37626f, lo = -87.33654f;
+    vf xc = lane_select(x > hi, splat(hi), x);
+    xc = lane_select(xc < lo, splat(lo), xc);
+    const vf shifter = splat(12582912.0f);
+    vf n = (xc * 1.44269504088896341f + shifter) - shifter;
+    vf r = xc - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    vf p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    return lane_select(x < lo, splat(0.0f), p * (vf)e);
+}
+
+static inline float bf16_to_float(uint16_t v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* dst[e][v] = element e of row r0 + v of src (rows of n values); lanes past `lanes` are 0. */
+static void gather(const void *src, int bf16, int64_t r0, int64_t lanes, int64_t n, vf *dst) {
+    float *out = (float *)dst;
+    if (lanes == LANES && !bf16) {
+        const float *rows = (const float *)src + r0 * n;
+        for (int64_t e = 0; e < n; e++)
+            for (int64_t v = 0; v < LANES; v++) out[e * LANES + v] = rows[v * n + e];
+    } else if (lanes == LANES) {
+        const uint16_t *rows = (const uint16_t *)src + r0 * n;
+        for (int64_t e = 0; e < n; e++)
+            for (int64_t v = 0; v < LANES; v++) out[e * LANES + v] = bf16_to_float(rows[v * n + e]);
+    } else {
+        memset(out, 0, (size_t)(n * LANES) * sizeof(float));
+        for (int64_t v = 0; v < lanes; v++)
+            for (int64_t e = 0; e < n; e++) {
+                int64_t at = (r0 + v) * n + e;
+                out[e * LANES + v] = bf16 ? bf16_to_float(((const uint16_t *)src)[at]) : ((const float *)src)[at];
+            }
+    }
+}
+
+static void scatter(const vf *src, int bf16, int64_t r0, int64_t lanes, int64_t n, void *dst) {
+    const float *in = (const float *)src;
+    for (int64_t v = 0; v < lanes; v++) {
+        if (bf16) {
+            uint16_t *row = (uint16_t *)dst + (r0 + v) * n;
+            for (int64_t e = 0; e < n; e++) row[e] = float_to_bf16(in[e * LANES + v]);
+        } else {
+            float *row = (float *)dst + (r0 + v) * n;
+            for (int64_t e = 0; e < n; e++) row[e] = in[e * LANES + v];
+        }
+    }
+}
+
+/* Register blocking: CHUNK outputs accumulate in registers over the whole inner dimension. The
+ * Python side uses the kernel only where din, dh and dout are multiples of CHUNK. */
+#define CHUNK 8
+
+/* out[o] = Σ_i in[i] w[i * stride + o] + bias[o] (w scalar per (i, o)), for o < n_out; the bias is
+ * added last, as a product with a bias term (baddbmm) adds it. */
+static inline void dense(const vf *in, int64_t n_in, const float *w, int64_t stride, const float *bias,
+                         int64_t n_out, vf *out) {
+    for (int64_t o0 = 0; o0 < n_out; o0 += CHUNK) {
+        vf acc[CHUNK];
+        for (int64_t j = 0; j < CHUNK; j++) acc[j] = splat(0.0f);
+        for (int64_t i = 0; i < n_in; i++) {
+            const vf a = in[i];
+            const float *wi = w + i * stride + o0;
+            for (int64_t j = 0; j < CHUNK; j++) acc[j] += a * wi[j];
+        }
+        for (int64_t j = 0; j < CHUNK; j++) out[o0 + j] = acc[j] + bias[o0 + j];
+    }
+}
+
+/* out[o] = Σ_i in[i] w[o * stride + i]: the product with the transposed weights. */
+static inline void dense_t(const vf *in, int64_t n_in, const float *w, int64_t stride, int64_t n_out, vf *out) {
+    for (int64_t o0 = 0; o0 < n_out; o0 += CHUNK) {
+        vf acc[CHUNK];
+        for (int64_t j = 0; j < CHUNK; j++) acc[j] = splat(0.0f);
+        for (int64_t i = 0; i < n_in; i++) {
+            const vf a = in[i];
+            for (int64_t j = 0; j < CHUNK; j++) acc[j] += a * w[(o0 + j) * stride + i];
+        }
+        for (int64_t j = 0; j < CHUNK; j++) out[o0 + j] = acc[j];
+    }
+}
+
+/* acc[a][b] += Σ_blocks u[block][a] v[block][b] over `blocks` blocks (u rows of n_a, v rows of n_b). */
+static inline void outer_accumulate(const vf *u, int64_t n_a, const vf *v, int64_t n_b, int64_t blocks, vf *acc) {
+    for (int64_t a = 0; a < n_a; a++)
+        for (int64_t b0 = 0; b0 < n_b; b0 += CHUNK) {
+            vf sum[CHUNK];
+            vf *dst = acc + a * n_b + b0;
+            for (int64_t j = 0; j < CHUNK; j++) sum[j] = dst[j];
+            for (int64_t blk = 0; blk < blocks; blk++) {
+                const vf ua = u[blk * n_a + a];
+                const vf *vb = v + blk * n_b + b0;
+                for (int64_t j = 0; j < CHUNK; j++) sum[j] += ua * vb[j];
+            }
+            for (int64_t j = 0; j < CHUNK; j++) dst[j] = sum[j];
+        }
+}
+
+static inline void activate(const vf *z, int64_t n, int act, vf *h) {
+    if (act == 1)
+        for (int64_t c = 0; c < n; c++) h[c] = 1.0f / (1.0f + vexp(-z[c]));
+    else
+        for (int64_t c = 0; c < n; c++) h[c] = lane_select(z[c] > 0.0f, z[c], splat(0.0f));
+}
+
+int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
+                     const float *w1, const float *b1, int act, const float *w2, const float *b2, void *y) {
+    vf *buf = malloc((size_t)(din + 2 * dh + dout) * sizeof(vf));
+    if (!buf) return -1;
+    vf *xv = buf, *z = xv + din, *h = z + dh, *out = h + dh;
+    const size_t elem = bf16 ? 2 : 4;
+    for (int64_t k = 0; k < K; k++) {
+        const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
+        char *yk = (char *)y + (size_t)(k * M * dout) * elem;
+        const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout, *b2k = b2 + k * dout;
+        for (int64_t r0 = 0; r0 < M; r0 += LANES) {
+            const int64_t lanes = M - r0 < LANES ? M - r0 : LANES;
+            gather(xk, bf16, r0, lanes, din, xv);
+            dense(xv, din, w1k, dh, b1k, dh, z);
+            activate(z, dh, act, h);
+            dense(h, dh, w2k, dout, b2k, dout, out);
+            scatter(out, bf16, r0, lanes, dout, yk);
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+static void lane_sums(const vf *acc, int64_t n, float *dst) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *lanes = (const float *)(acc + i);
+        float total = 0.0f;
+        for (int64_t v = 0; v < LANES; v++) total += lanes[v];
+        dst[i] = total;
+    }
+}
+
+/* Blocks whose inputs and gradients are kept for one round of weight-gradient accumulation. */
+#define GROUP 8
+
+int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
+                      const float *w1, const float *b1, int act, const float *w2, const void *gy, void *gx,
+                      float *gw1, float *gb1, float *gw2, float *gb2) {
+    const int64_t n_acc = din * dh + dh + dh * dout + dout;
+    const int64_t per_block = din + 2 * dh + dout;  /* x, h, d z, gy of one block, kept for the group */
+    vf *buf = malloc((size_t)(GROUP * per_block + dh + din + n_acc) * sizeof(vf));
+    if (!buf) return -1;
+    vf *xs = buf, *hs = xs + GROUP * din, *dzs = hs + GROUP * dh, *gys = dzs + GROUP * dh;
+    vf *z = gys + GROUP * dout, *gxv = z + dh;
+    vf *aw1 = gxv + din, *ab1 = aw1 + din * dh, *aw2 = ab1 + dh, *ab2 = aw2 + dh * dout;
+    const size_t elem = bf16 ? 2 : 4;
+    for (int64_t k = 0; k < K; k++) {
+        const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
+        const char *gyk = (const char *)gy + (size_t)(k * M * dout) * elem;
+        char *gxk = (char *)gx + (size_t)(k * M * din) * elem;
+        const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout;
+        memset(aw1, 0, (size_t)n_acc * sizeof(vf));
+        for (int64_t g0 = 0; g0 < M; g0 += GROUP * LANES) {
+            int64_t blocks = 0;
+            for (int64_t r0 = g0; r0 < M && r0 < g0 + GROUP * LANES; r0 += LANES, blocks++) {
+                const int64_t lanes = M - r0 < LANES ? M - r0 : LANES;
+                vf *xv = xs + blocks * din, *h = hs + blocks * dh, *dz = dzs + blocks * dh, *gyv = gys + blocks * dout;
+                gather(xk, bf16, r0, lanes, din, xv);
+                gather(gyk, bf16, r0, lanes, dout, gyv);  /* lanes past the end have gradient 0 */
+                dense(xv, din, w1k, dh, b1k, dh, z);  /* the hidden layer again, instead of keeping it */
+                activate(z, dh, act, h);
+                dense_t(gyv, dout, w2k, dout, dh, dz);  /* d h = gy W2ᵀ */
+                if (act == 1)
+                    for (int64_t c = 0; c < dh; c++) dz[c] = dz[c] * h[c] * (1.0f - h[c]);
+                else
+                    for (int64_t c = 0; c < dh; c++) dz[c] = lane_select(z[c] > 0.0f, dz[c], splat(0.0f));
+                for (int64_t c = 0; c < dh; c++) ab1[c] += dz[c];
+                for (int64_t e = 0; e < dout; e++) ab2[e] += gyv[e];
+                dense_t(dz, dh, w1k, dh, din, gxv);  /* d x = d z W1ᵀ */
+                scatter(gxv, bf16, r0, lanes, din, gxk);
+            }
+            outer_accumulate(xs, din, dzs, dh, blocks, aw1);  /* d W1 += xᵀ d z */
+            outer_accumulate(hs, dh, gys, dout, blocks, aw2);  /* d W2 += hᵀ gy */
+        }
+        lane_sums(aw1, din * dh, gw1 + k * din * dh);
+        lane_sums(ab1, dh, gb1 + k * dh);
+        lane_sums(aw2, dh * dout, gw2 + k * dh * dout);
+        lane_sums(ab2, dout, gb2 + k * dout);
+    }
+    free(buf);
+    return 0;
+}

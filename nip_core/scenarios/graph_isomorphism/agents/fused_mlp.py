@@ -1,0 +1,113 @@
+"""K stacked two-layer MLPs in one C kernel on the CPU (docs/performance.md, "The MLP kernel").
+
+The stacked GI bodies' GIN layers (tanh folded into a sigmoid, :func:`~nip_core.agents.mlp.two_layer_mlp`)
+and transformer feed-forward blocks (relu) are ``act(x W1 + b1) W2 + b2`` over ~11,000 rows of 16
+numbers with a 64-wide hidden layer. :func:`stacked_two_layer_mlp` runs them through
+``nip_core/native/two_layer_mlp.c``, which never writes the hidden tensor (the backward pass
+recomputes it), and falls back to batched products where the kernel does not apply.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+
+from nip_core.native.build import load
+from nip_core.scenarios.graph_isomorphism.agents.attention import autocast_enabled
+
+ACTIVATIONS = {"relu": 0, "sigmoid": 1}
+CHUNK = 8  # two_layer_mlp.c's register blocking
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    library.nip_mlp2_forward.argtypes = [i64, i64, i64, i64, i64, ptr, i32, ptr, ptr, i32, ptr, ptr, ptr]
+    library.nip_mlp2_backward.argtypes = [i64, i64, i64, i64, i64, ptr, i32, ptr, ptr, i32, ptr, ptr, ptr,
+                                          ptr, ptr, ptr, ptr]
+    library.nip_mlp2_forward.restype = library.nip_mlp2_backward.restype = ctypes.c_int
+
+
+def _kernel() -> ctypes.CDLL | None:
+    return load("two_layer_mlp", _declare)
+
+
+def _composed(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2: Tensor, b2: Tensor) -> Tensor:
+    hidden = torch.baddbmm(b1.unsqueeze(1), x, w1)
+    hidden = torch.sigmoid(hidden) if activation == "sigmoid" else torch.relu(hidden)
+    return torch.baddbmm(b2.unsqueeze(1), hidden, w2)
+
+
+class _NativeStackedMlp(torch.autograd.Function):
+    """:func:`stacked_two_layer_mlp` by the C kernel; differentiated twice through the composition."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, activation: str) -> Tensor:
+        K, M, din = x.shape
+        dh, dout = w1.shape[-1], w2.shape[-1]
+        y = x.new_empty(K, M, dout)
+        status = _kernel().nip_mlp2_forward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
+                                            w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[activation], w2.data_ptr(),
+                                            b2.data_ptr(), y.data_ptr())
+        if status != 0:
+            raise MemoryError("two_layer_mlp kernel: could not allocate its work buffers")
+        ctx.save_for_backward(x, w1, b1, w2, b2)
+        ctx.activation = activation
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor):
+        x, w1, b1, w2, b2 = ctx.saved_tensors
+        if torch.is_grad_enabled():  # differentiating the backward: through the composition
+            inputs = (x, w1, b1, w2, b2)
+            wanted = [t for t in inputs if t.requires_grad]
+            grads = iter(torch.autograd.grad(_composed(x, w1, b1, ctx.activation, w2, b2), wanted, grad_y,
+                                             create_graph=True))
+            return (*(next(grads) if t.requires_grad else None for t in inputs), None)
+        K, M, din = x.shape
+        dh, dout = w1.shape[-1], w2.shape[-1]
+        grad_y = grad_y.to(x.dtype).contiguous()
+        grad_x, grad_w1, grad_b1, grad_w2, grad_b2 = (torch.empty_like(t) for t in (x, w1, b1, w2, b2))
+        status = _kernel().nip_mlp2_backward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
+                                             w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[ctx.activation],
+                                             w2.data_ptr(), grad_y.data_ptr(), grad_x.data_ptr(),
+                                             grad_w1.data_ptr(), grad_b1.data_ptr(), grad_w2.data_ptr(),
+                                             grad_b2.data_ptr())
+        if status != 0:
+            raise MemoryError("two_layer_mlp kernel: could not allocate its work buffers")
+        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None
+
+
+def native_mlp_applies(x: Tensor, activation: str, sizes: tuple[int, ...]) -> bool:
+    """Whether :func:`stacked_two_layer_mlp` runs the C kernel (else batched products); ``sizes`` are
+    ``(din, dh, dout)``, which the kernel needs in multiples of ``CHUNK``."""
+    return (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and activation in ACTIVATIONS
+            and all(size % CHUNK == 0 for size in sizes) and _kernel() is not None)
+
+
+@torch.compiler.disable
+def stacked_two_layer_mlp(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2: Tensor, b2: Tensor) -> Tensor:
+    """``act(x[k] w1[k] + b1[k]) w2[k] + b2[k]`` for every ``k``: ``(K, M, dout)``.
+
+    ``x`` is ``(K, M, din)``, ``w1`` ``(K, din, dh)``, ``b1`` ``(K, dh)``, ``w2`` ``(K, dh, dout)``,
+    ``b2`` ``(K, dout)``; ``activation`` is ``"relu"`` or ``"sigmoid"``. Under autocast ``x`` is
+    taken in the autocast dtype (as a product would take it) and the result has that dtype;
+    the weights are used in float32 either way.
+    """
+    if autocast_enabled(x):
+        x = x.to(torch.get_autocast_dtype(x.device.type))
+    if native_mlp_applies(x, activation, (x.shape[-1], w1.shape[-1], w2.shape[-1])):
+        weights = [t.to(torch.float32).contiguous() for t in (w1, b1, w2, b2)]
+        return _NativeStackedMlp.apply(x.contiguous(), *weights, activation)
+    return _composed(x, w1, b1, activation, w2, b2)
+
+
+def folded_tanh_mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> Tensor:
+    """``tanh(x w1 + b1) w2 + b2`` per body as :func:`~nip_core.agents.mlp.two_layer_mlp` folds it:
+    ``tanh(z) = 2 sigmoid(2z) - 1``, the factors and the shift moved into the weights (made per
+    call, so autograd carries their gradients to the parameters). Shapes as
+    :func:`stacked_two_layer_mlp`; ``None`` biases are zero."""
+    b1 = torch.zeros_like(w1[:, 0]) if b1 is None else b1
+    shift = -w2.sum(1) if b2 is None else b2 - w2.sum(1)
+    return stacked_two_layer_mlp(x, 2 * w1, 2 * b1, "sigmoid", 2 * w2, shift)

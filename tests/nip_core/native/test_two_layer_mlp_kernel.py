@@ -1,0 +1,102 @@
+"""The C two-layer MLP kernel equals the batched products it replaces (docs/performance.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import (
+    _composed,
+    folded_tanh_mlp,
+    native_mlp_applies,
+    stacked_two_layer_mlp,
+)
+
+
+def _inputs(K=2, M=150, din=16, dh=24, dout=8, dtype=torch.float32, seed=0):
+    """M = 150 rows: not a multiple of the 16 lanes nor of a group of 8 blocks."""
+    torch.manual_seed(seed)
+    x = torch.randn(K, M, din, dtype=torch.float64).to(dtype).requires_grad_()
+    weights = [(torch.randn(*shape, dtype=torch.float64) * 0.4).float().requires_grad_()
+               for shape in ((K, din, dh), (K, dh), (K, dh, dout), (K, dout))]
+    return x, weights
+
+
+def _float64(tensors):
+    return [t.detach().double().requires_grad_() for t in tensors]
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "relu"])
+def test_forward_and_all_five_gradients_match_float64(activation):
+    x, (w1, b1, w2, b2) = _inputs()
+    assert native_mlp_applies(x, activation, (16, 24, 8))
+    y = stacked_two_layer_mlp(x, w1, b1, activation, w2, b2)
+    assert type(y.grad_fn).__name__ == "_NativeStackedMlpBackward" and y.shape == (2, 150, 8)
+    ref_inputs = _float64([x, w1, b1, w2, b2])
+    x64, w164, b164, w264, b264 = ref_inputs
+    expected = _composed(x64, w164, b164, activation, w264, b264)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-6)
+    grad = torch.randn(y.shape, dtype=torch.float64)
+    got = torch.autograd.grad(y, [x, w1, b1, w2, b2], grad.float())
+    want = torch.autograd.grad(expected, ref_inputs, grad)
+    for g, w in zip(got, want):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5)
+
+
+def test_each_stacked_mlp_is_computed_as_if_alone():
+    """Body k's result does not depend on the other bodies: stacked and separate bodies agree bit for bit."""
+    x, weights = _inputs(K=3, M=40)
+    together = stacked_two_layer_mlp(x, *weights[:2], "sigmoid", *weights[2:])
+    grads_together = torch.autograd.grad(together.sum(), [x, *weights])
+    alone = stacked_two_layer_mlp(x[1:2], *(w[1:2] for w in weights[:2]), "sigmoid", *(w[1:2] for w in weights[2:]))
+    grads_alone = torch.autograd.grad(alone.sum(), [x, *weights])
+    assert torch.equal(together[1:2], alone)
+    for g_together, g_alone in zip(grads_together, grads_alone):
+        assert torch.equal(g_together[1:2], g_alone[1:2])
+
+
+def test_bfloat16_rows_under_autocast():
+    x, weights = _inputs()
+    x_bf16 = x.detach().bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = stacked_two_layer_mlp(x_bf16, *weights[:2], "relu", *weights[2:])
+    assert y.dtype == torch.bfloat16
+    ref_inputs = _float64([x_bf16, *weights])
+    expected = _composed(ref_inputs[0], *ref_inputs[1:3], "relu", *ref_inputs[3:])
+    torch.testing.assert_close(y.double(), expected, rtol=1e-2, atol=1e-2)  # bf16 output rounding
+    (grad_x, grad_w1) = torch.autograd.grad(y.float().sum(), [x_bf16, weights[0]])
+    assert grad_x.dtype == torch.bfloat16 and grad_w1.dtype == torch.float32
+
+
+def test_folded_tanh_is_tanh():
+    x, (w1, b1, w2, b2) = _inputs()
+    out = folded_tanh_mlp(x, w1, b1, w2, b2)
+    expected = torch.tanh(x.double() @ w1.double() + b1.double().unsqueeze(1)) @ w2.double() + b2.double().unsqueeze(1)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    no_bias = folded_tanh_mlp(x, w1, None, w2, None)
+    torch.testing.assert_close(no_bias.double(), torch.tanh(x.double() @ w1.double()) @ w2.double(), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_second_derivatives_go_through_the_composition():
+    """SPG differentiates the policy's gradient again."""
+    x, weights = _inputs(M=20)
+    y = stacked_two_layer_mlp(x, *weights[:2], "sigmoid", *weights[2:])
+    (grad_x,) = torch.autograd.grad((y ** 2).sum(), x, create_graph=True)
+    got = torch.autograd.grad((grad_x ** 2).sum(), weights)
+    ref_inputs = _float64([x, *weights])
+    y64 = _composed(ref_inputs[0], *ref_inputs[1:3], "sigmoid", *ref_inputs[3:])
+    (grad_x64,) = torch.autograd.grad((y64 ** 2).sum(), ref_inputs[0], create_graph=True)
+    want = torch.autograd.grad((grad_x64 ** 2).sum(), ref_inputs[1:])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=1e-4, atol=1e-5)
+
+
+def test_sizes_the_kernel_does_not_take_run_the_products():
+    x, weights = _inputs(din=6)
+    assert not native_mlp_applies(x, "relu", (6, 24, 8))
+    y = stacked_two_layer_mlp(x, *weights[:2], "relu", *weights[2:])
+    assert type(y.grad_fn).__name__ != "_NativeStackedMlpBackward"
+    assert not native_mlp_applies(x.double(), "relu", (16, 24, 8))
+    assert not native_mlp_applies(x, "gelu", (16, 24, 8))
