@@ -4,7 +4,7 @@ The library is built with ``$CC`` (default ``cc``) for this machine's CPU (``-ma
 retried without it if the compiler refuses) into a cache directory —
 ``$NIPFLOW_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/nipflow/native``, else
 ``~/.cache/nipflow/native`` — under a name that hashes the source, the compiler's version,
-the flags and the CPU's identity, so an edited source, another compiler or another CPU kind
+the flags and the CPU's identity, so an edited source or header, another compiler or another CPU kind
 sharing the home directory gets its own build. A build goes to a temporary file renamed into
 place, so concurrent processes never load a half-written library.
 
@@ -78,7 +78,8 @@ def _compiler_version(cc: str) -> str | None:
 
 def _build(source: Path, cc: str, version: str) -> Path:
     """The cached library for ``source``, built if it is not there yet."""
-    text = source.read_bytes()
+    # the source and the headers it may include (nip_core/native/*.h)
+    text = b"\0".join([source.read_bytes(), *(h.read_bytes() for h in sorted(source.parent.glob("*.h")))])
     errors = []
     for march in (("-march=native",), ()):
         flags = BASE_FLAGS + march

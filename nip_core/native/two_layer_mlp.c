@@ -13,90 +13,7 @@
  * b2 (K, dout). Arithmetic is float32, each lane in a fixed order. act: 0 relu, 1 sigmoid.
  * Weight gradients are summed per lane over the blocks, then over the lanes in order.
  */
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define LANES 16
-typedef float vf __attribute__((vector_size(LANES * 4), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(LANES * 4), aligned(4)));
-
-static inline vf splat(float x) {
-    vf out = {0};
-    return out + x;
-}
-
-static inline vf lane_select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
-
-/* exp as in self_attention.c: Cephes' polynomial, ~2 ulp, 0 below the normal range. */
-static inline vf vexp(vf x) {
-    const float hi = 88.37626f, lo = -87.33654f;
-    vf xc = lane_select(x > hi, splat(hi), x);
-    xc = lane_select(xc < lo, splat(lo), xc);
-    const vf shifter = splat(12582912.0f);
-    vf n = (xc * 1.44269504088896341f + shifter) - shifter;
-    vf r = xc - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    vf p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    return lane_select(x < lo, splat(0.0f), p * (vf)e);
-}
-
-static inline float bf16_to_float(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
-/* dst[e][v] = element e of row r0 + v of src (rows of n values); lanes past `lanes` are 0. */
-static void gather(const void *src, int bf16, int64_t r0, int64_t lanes, int64_t n, vf *dst) {
-    float *out = (float *)dst;
-    if (lanes == LANES && !bf16) {
-        const float *rows = (const float *)src + r0 * n;
-        for (int64_t e = 0; e < n; e++)
-            for (int64_t v = 0; v < LANES; v++) out[e * LANES + v] = rows[v * n + e];
-    } else if (lanes == LANES) {
-        const uint16_t *rows = (const uint16_t *)src + r0 * n;
-        for (int64_t e = 0; e < n; e++)
-            for (int64_t v = 0; v < LANES; v++) out[e * LANES + v] = bf16_to_float(rows[v * n + e]);
-    } else {
-        memset(out, 0, (size_t)(n * LANES) * sizeof(float));
-        for (int64_t v = 0; v < lanes; v++)
-            for (int64_t e = 0; e < n; e++) {
-                int64_t at = (r0 + v) * n + e;
-                out[e * LANES + v] = bf16 ? bf16_to_float(((const uint16_t *)src)[at]) : ((const float *)src)[at];
-            }
-    }
-}
-
-static void scatter(const vf *src, int bf16, int64_t r0, int64_t lanes, int64_t n, void *dst) {
-    const float *in = (const float *)src;
-    for (int64_t v = 0; v < lanes; v++) {
-        if (bf16) {
-            uint16_t *row = (uint16_t *)dst + (r0 + v) * n;
-            for (int64_t e = 0; e < n; e++) row[e] = float_to_bf16(in[e * LANES + v]);
-        } else {
-            float *row = (float *)dst + (r0 + v) * n;
-            for (int64_t e = 0; e < n; e++) row[e] = in[e * LANES + v];
-        }
-    }
-}
+#include "lanes.h"
 
 /* Register blocking: CHUNK outputs accumulate in registers over the whole inner dimension. The
  * Python side uses the kernel only where din, dh and dout are multiples of CHUNK. */
@@ -166,11 +83,11 @@ int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout
         const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout, *b2k = b2 + k * dout;
         for (int64_t r0 = 0; r0 < M; r0 += LANES) {
             const int64_t lanes = M - r0 < LANES ? M - r0 : LANES;
-            gather(xk, bf16, r0, lanes, din, xv);
+            gather(xk, bf16, r0, lanes, din, (float *)xv);
             dense(xv, din, w1k, dh, b1k, dh, z);
             activate(z, dh, act, h);
             dense(h, dh, w2k, dout, b2k, dout, out);
-            scatter(out, bf16, r0, lanes, dout, yk);
+            scatter((const float *)out, bf16, r0, lanes, dout, yk);
         }
     }
     free(buf);
@@ -211,8 +128,8 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
             for (int64_t r0 = g0; r0 < M && r0 < g0 + GROUP * LANES; r0 += LANES, blocks++) {
                 const int64_t lanes = M - r0 < LANES ? M - r0 : LANES;
                 vf *xv = xs + blocks * din, *h = hs + blocks * dh, *dz = dzs + blocks * dh, *gyv = gys + blocks * dout;
-                gather(xk, bf16, r0, lanes, din, xv);
-                gather(gyk, bf16, r0, lanes, dout, gyv);  /* lanes past the end have gradient 0 */
+                gather(xk, bf16, r0, lanes, din, (float *)xv);
+                gather(gyk, bf16, r0, lanes, dout, (float *)gyv);  /* lanes past the end have gradient 0 */
                 dense(xv, din, w1k, dh, b1k, dh, z);  /* the hidden layer again, instead of keeping it */
                 activate(z, dh, act, h);
                 dense_t(gyv, dout, w2k, dout, dh, dz);  /* d h = gy W2ᵀ */
@@ -223,7 +140,7 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
                 for (int64_t c = 0; c < dh; c++) ab1[c] += dz[c];
                 for (int64_t e = 0; e < dout; e++) ab2[e] += gyv[e];
                 dense_t(dz, dh, w1k, dh, din, gxv);  /* d x = d z W1ᵀ */
-                scatter(gxv, bf16, r0, lanes, din, gxk);
+                scatter((const float *)gxv, bf16, r0, lanes, din, gxk);
             }
             outer_accumulate(xs, din, dzs, dh, blocks, aw1);  /* d W1 += xᵀ d z */
             outer_accumulate(hs, dh, gys, dout, blocks, aw2);  /* d W2 += hᵀ gy */

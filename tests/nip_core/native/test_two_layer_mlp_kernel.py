@@ -56,17 +56,21 @@ def test_each_stacked_mlp_is_computed_as_if_alone():
         assert torch.equal(g_together[1:2], g_alone[1:2])
 
 
-def test_bfloat16_rows_under_autocast():
+def test_bfloat16_rows_take_the_kernel_and_autocast_takes_bf16_products():
     x, weights = _inputs()
     x_bf16 = x.detach().bfloat16().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = stacked_two_layer_mlp(x_bf16, *weights[:2], "relu", *weights[2:])
-    assert y.dtype == torch.bfloat16
+    y = stacked_two_layer_mlp(x_bf16, *weights[:2], "relu", *weights[2:])
+    assert y.dtype == torch.bfloat16 and type(y.grad_fn).__name__ == "_NativeStackedMlpBackward"
     ref_inputs = _float64([x_bf16, *weights])
     expected = _composed(ref_inputs[0], *ref_inputs[1:3], "relu", *ref_inputs[3:])
     torch.testing.assert_close(y.double(), expected, rtol=1e-2, atol=1e-2)  # bf16 output rounding
     (grad_x, grad_w1) = torch.autograd.grad(y.float().sum(), [x_bf16, weights[0]])
     assert grad_x.dtype == torch.bfloat16 and grad_w1.dtype == torch.float32
+    # under autocast the products run in bf16 (faster than the kernel where the CPU has native bf16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = stacked_two_layer_mlp(x, *weights[:2], "relu", *weights[2:])
+    assert y.dtype == torch.bfloat16 and type(y.grad_fn).__name__ != "_NativeStackedMlpBackward"
+    torch.testing.assert_close(y.double(), expected, rtol=3e-2, atol=3e-2)
 
 
 def test_folded_tanh_is_tanh():
