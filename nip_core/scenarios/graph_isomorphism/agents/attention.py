@@ -143,7 +143,7 @@ class _NativeSelfAttention(torch.autograd.Function):
         if status != 0:
             raise MemoryError("self_attention kernel: could not allocate its work buffers")
         ctx.save_for_backward(qkv, mask, weights)
-        ctx.num_heads = num_heads
+        ctx.num_heads, ctx.kernel = num_heads, kernel
         return out
 
     @staticmethod
@@ -157,9 +157,9 @@ class _NativeSelfAttention(torch.autograd.Function):
         dh = width // 3 // H
         grad_out = grad_out.to(qkv.dtype).contiguous()
         grad_qkv = torch.empty_like(qkv)
-        status = _kernel().nip_self_attention_backward(G, L, H, dh, qkv.data_ptr(), int(qkv.dtype == torch.bfloat16),
-                                                       weights.data_ptr(), dh ** -0.5, grad_out.data_ptr(),
-                                                       grad_qkv.data_ptr())
+        status = ctx.kernel.nip_self_attention_backward(G, L, H, dh, qkv.data_ptr(), int(qkv.dtype == torch.bfloat16),
+                                                        weights.data_ptr(), dh ** -0.5, grad_out.data_ptr(),
+                                                        grad_qkv.data_ptr())
         if status != 0:
             raise MemoryError("self_attention kernel: could not allocate its work buffers")
         return grad_qkv, None, None

@@ -13,8 +13,10 @@ from torch import Tensor, nn
 
 from nip_core.agents.base import AgentBody, TensorDictAgentPartMixin
 from nip_core.agents.mlp import FastTanh, activation_class, two_layer_mlp
+from nip_core.scenarios.graph_isomorphism.agents.aggregation import gin_aggregate
 from nip_core.scenarios.graph_isomorphism.agents.attention import autocast_enabled, self_attention
 from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import folded_tanh_mlp, stacked_two_layer_mlp
+from nip_core.scenarios.graph_isomorphism.agents.layer_norm import layer_norm
 
 
 def compute_dtype(reference: Tensor, parameter: Tensor) -> torch.dtype:
@@ -25,22 +27,28 @@ def compute_dtype(reference: Tensor, parameter: Tensor) -> torch.dtype:
 
 
 class DenseGinLayer(nn.Module):
-    """``x'_i = MLP((1 + eps) x_i + sum_j A_ij x_j)`` with ``eps = 0``, masked to real nodes."""
+    """``x'_i = MLP((1 + eps) x_i + sum_j A_ij x_j)`` with ``eps = 0`` and ``x = act(m ⊙ z)``.
+
+    ``z`` is the previous layer's output before masking; the result is not masked either (the
+    next layer's aggregation, or the GNN at the end, applies the node mask).
+    """
 
     def __init__(self, d: int, d_mlp: int, activation: str):
         super().__init__()
         self.mlp = nn.Sequential(nn.Linear(d, d_mlp), activation_class(activation)(), nn.Linear(d_mlp, d))
 
-    def forward(self, h: Tensor, self_adjacency: Tensor, node_mask: Tensor) -> Tensor:
-        # h: (..., N, d); self_adjacency: (..., N, N) float, A + I; node_mask: (..., N, 1) or (..., N, d) float
-        first, activation, second = self.mlp
-        x = self_adjacency @ h
-        if isinstance(activation, FastTanh):  # as the stacked bodies compute it (agents/stacked.py)
-            out = folded_tanh_mlp(x.reshape(1, -1, x.shape[-1]), first.weight.t().unsqueeze(0),
+    def forward(self, z: Tensor, self_adjacency: Tensor, node_mask: Tensor, activation: nn.Module) -> Tensor:
+        # z: (..., N, d); self_adjacency: (..., N, N) float, A + I; node_mask: (..., N) float
+        *lead, N, d = z.shape
+        x = gin_aggregate(z.reshape(-1, N, d), self_adjacency.reshape(-1, N, N), node_mask.reshape(-1, N),
+                          activation)
+        first, mlp_activation, second = self.mlp
+        if isinstance(mlp_activation, FastTanh):  # as the stacked bodies compute it (agents/stacked.py)
+            out = folded_tanh_mlp(x.reshape(1, -1, d), first.weight.t().unsqueeze(0),
                                   None if first.bias is None else first.bias.unsqueeze(0),
                                   second.weight.t().unsqueeze(0), None if second.bias is None else second.bias.unsqueeze(0))
-            return out.view(*x.shape[:-1], -1) * node_mask
-        return two_layer_mlp(x, first, activation, second) * node_mask
+            return out.view(*lead, N, -1)
+        return two_layer_mlp(x, first, mlp_activation, second).view(*lead, N, -1)
 
 
 class GraphIsomorphismGnn(nn.Module):
@@ -61,23 +69,21 @@ class GraphIsomorphismGnn(nn.Module):
         ``dual`` the network also runs on all-zero features (the second half of the
         output); both passes go through the layers as one batch of ``2B`` graph pairs.
         """
-        # the mask at full size, made once: on CPUs a broadcasting bf16 multiply is ~10x slower
-        # than an elementwise one (float32: the same)
-        mask = node_mask.unsqueeze(-1).expand(*node_mask.shape, self.input_layer.out_features).contiguous()
-        zero_input = self.input_layer.bias.to(mask.dtype) * mask
         if features is None:
-            h = zero_input
+            z = self.input_layer.bias.to(node_mask.dtype).expand(*node_mask.shape, self.input_layer.out_features)
         else:
-            h = self.input_layer(features).to(mask.dtype) * mask
+            z = self.input_layer(features).to(node_mask.dtype)
             if dual:
-                h = torch.cat([h, zero_input], dim=0)
-                mask = torch.cat([mask, mask], dim=0)
+                z = torch.cat([z, self.input_layer.bias.to(z.dtype).expand(z.shape)], dim=0)
+                node_mask = torch.cat([node_mask, node_mask], dim=0)
                 adjacency = torch.cat([adjacency, adjacency], dim=0)
         # GIN aggregation (1 + eps) x_i + sum_j A_ij x_j with eps = 0, as one product
         self_adjacency = adjacency + torch.eye(adjacency.shape[-1], device=adjacency.device,
                                                dtype=adjacency.dtype)
         for layer in self.layers:
-            h = layer(self.activation(h), self_adjacency, mask)
+            z = layer(z, self_adjacency, node_mask, self.activation)
+        # the mask at full size: on CPUs a broadcasting bf16 multiply is ~10x slower than an elementwise one
+        h = z * node_mask.unsqueeze(-1).expand(z.shape).contiguous()
         if self.output_digits is not None:
             h = torch.round(h, decimals=self.output_digits)
         if features is not None and dual:
@@ -186,7 +192,7 @@ class GraphIsomorphismAgentBody(TensorDictAgentPartMixin, AgentBody):
             for layer in self.transformer.layers:
                 tokens = encoder_layer_forward(layer, tokens, attn_mask)
             if self.transformer.norm is not None:
-                tokens = self.transformer.norm(tokens)
+                tokens = layer_norm(self.transformer.norm, tokens)
         reprs = self.representation_encoder(tokens)
         return reprs[:, :2], reprs[:, 2:].reshape(B, 2, N, -1)
 
@@ -239,8 +245,9 @@ def encoder_layer_forward(layer: nn.TransformerEncoderLayer, x: Tensor, attn_mas
         out = layer.linear2(hidden)
         return torch.nn.functional.dropout(out, p_drop) if p_drop > 0 else out
 
+    # the layer norms as the stacked bodies compute them (agents/stacked.py)
     if layer.norm_first:
-        x = x + attention_block(layer.norm1(x))
-        return x + feed_forward(layer.norm2(x))
-    x = layer.norm1(x + attention_block(x))
-    return layer.norm2(x + feed_forward(x))
+        x = x + attention_block(layer_norm(layer.norm1, x))
+        return x + feed_forward(layer_norm(layer.norm2, x))
+    x = layer_norm(layer.norm1, x + attention_block(x))
+    return layer_norm(layer.norm2, x + feed_forward(x))

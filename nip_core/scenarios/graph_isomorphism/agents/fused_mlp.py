@@ -47,13 +47,14 @@ class _NativeStackedMlp(torch.autograd.Function):
         K, M, din = x.shape
         dh, dout = w1.shape[-1], w2.shape[-1]
         y = x.new_empty(K, M, dout)
-        status = _kernel().nip_mlp2_forward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
-                                            w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[activation], w2.data_ptr(),
-                                            b2.data_ptr(), y.data_ptr())
+        kernel = _kernel()
+        status = kernel.nip_mlp2_forward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
+                                         w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[activation], w2.data_ptr(),
+                                         b2.data_ptr(), y.data_ptr())
         if status != 0:
             raise MemoryError("two_layer_mlp kernel: could not allocate its work buffers")
         ctx.save_for_backward(x, w1, b1, w2, b2)
-        ctx.activation = activation
+        ctx.activation, ctx.kernel = activation, kernel
         return y
 
     @staticmethod
@@ -69,11 +70,11 @@ class _NativeStackedMlp(torch.autograd.Function):
         dh, dout = w1.shape[-1], w2.shape[-1]
         grad_y = grad_y.to(x.dtype).contiguous()
         grad_x, grad_w1, grad_b1, grad_w2, grad_b2 = (torch.empty_like(t) for t in (x, w1, b1, w2, b2))
-        status = _kernel().nip_mlp2_backward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
-                                             w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[ctx.activation],
-                                             w2.data_ptr(), grad_y.data_ptr(), grad_x.data_ptr(),
-                                             grad_w1.data_ptr(), grad_b1.data_ptr(), grad_w2.data_ptr(),
-                                             grad_b2.data_ptr())
+        status = ctx.kernel.nip_mlp2_backward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
+                                              w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[ctx.activation],
+                                              w2.data_ptr(), grad_y.data_ptr(), grad_x.data_ptr(),
+                                              grad_w1.data_ptr(), grad_b1.data_ptr(), grad_w2.data_ptr(),
+                                              grad_b2.data_ptr())
         if status != 0:
             raise MemoryError("two_layer_mlp kernel: could not allocate its work buffers")
         return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None

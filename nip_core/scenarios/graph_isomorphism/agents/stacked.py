@@ -18,9 +18,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nip_core.agents.mlp import FastTanh
+from nip_core.scenarios.graph_isomorphism.agents.aggregation import gin_aggregate
 from nip_core.scenarios.graph_isomorphism.agents.attention import self_attention
 from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody, compute_dtype
 from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import folded_tanh_mlp, stacked_two_layer_mlp
+from nip_core.scenarios.graph_isomorphism.agents.layer_norm import stacked_layer_norm
 
 
 def _structure(body: nn.Module) -> tuple:
@@ -86,13 +88,12 @@ def _shared_linear(x: Tensor, linears: Sequence[nn.Linear]) -> Tensor:
 
 
 def _layer_norm(x: Tensor, norms: Sequence[nn.LayerNorm]) -> Tensor:
-    """Per-body layer norm of ``x (K, M, d)``: shared normalisation, per-body affine."""
-    out = F.layer_norm(x, norms[0].normalized_shape, None, None, norms[0].eps)
+    """Per-body layer norm of ``x (K, M, d)`` (:func:`stacked_layer_norm`)."""
     if norms[0].weight is None:
-        return out
-    weight = torch.stack([n.weight for n in norms]).unsqueeze(1)
-    bias = torch.stack([n.bias for n in norms]).unsqueeze(1)
-    return torch.addcmul(bias, out, weight)
+        return stacked_layer_norm(x, None, None, norms[0].eps)
+    weight = torch.stack([n.weight for n in norms])
+    bias = None if norms[0].bias is None else torch.stack([n.bias for n in norms])
+    return stacked_layer_norm(x, weight, bias, norms[0].eps)
 
 
 def _gnn(bodies: Sequence[GraphIsomorphismAgentBody], features: Tensor, adjacency: Tensor,
@@ -101,31 +102,25 @@ def _gnn(bodies: Sequence[GraphIsomorphismAgentBody], features: Tensor, adjacenc
     gnns = [body.gnn for body in bodies]
     K = len(gnns)
     inputs = [gnn.input_layer for gnn in gnns]
-    mask = mask.unsqueeze(-1)  # (B, 2, N, 1)
-    h = _shared_linear(features, inputs).to(mask.dtype)  # (K, B, 2, N, d)
-    dual = bodies[0].use_dual_gnn
-    if dual:
+    z = _shared_linear(features, inputs).to(mask.dtype)  # (K, B, 2, N, d), before masking
+    if bodies[0].use_dual_gnn:
         zero_input = torch.stack([layer.bias for layer in inputs]).to(mask.dtype).view(K, 1, 1, 1, -1)
-        h = torch.cat([h, zero_input.expand(h.shape)], dim=1)
+        z = torch.cat([z, zero_input.expand(z.shape)], dim=1)
         mask = torch.cat([mask, mask], dim=0)
         adjacency = torch.cat([adjacency, adjacency], dim=0)
-    # The mask at full size, made once: on CPUs a broadcasting bf16 multiply is ~10x slower
-    # than an elementwise one (float32: the same).
-    mask = mask.expand(h.shape).contiguous()
-    h = h * mask
     B2, N = adjacency.shape[0], adjacency.shape[-1]
     self_adjacency = adjacency + torch.eye(N, device=adjacency.device, dtype=adjacency.dtype)
-    # one (N, N) block per body and graph, made once for every layer
-    self_adjacency = self_adjacency.expand(K, *self_adjacency.shape).reshape(-1, N, N)
+    # every body's copy of graph b has adjacency and mask b
+    self_adjacency, node_mask = self_adjacency.reshape(-1, N, N), mask.reshape(-1, N)
     activation = gnns[0].activation
     for depth in range(len(gnns[0].layers)):
-        mlps = [gnn.layers[depth].mlp for gnn in gnns]
-        x = activation(h)
-        x = torch.bmm(self_adjacency, x.reshape(-1, N, x.shape[-1])).view(K, B2, 2, N, -1)
-        h = _mlp(x, mlps) * mask
+        x = gin_aggregate(z.reshape(-1, N, z.shape[-1]), self_adjacency, node_mask, activation)
+        z = _mlp(x.view(K, B2, 2, N, -1), [gnn.layers[depth].mlp for gnn in gnns])
+    # the mask at full size: on CPUs a broadcasting bf16 multiply is ~10x slower than an elementwise one
+    h = z * mask.unsqueeze(-1).expand(z.shape).contiguous()
     if gnns[0].output_digits is not None:
         h = torch.round(h, decimals=gnns[0].output_digits)
-    if dual:
+    if bodies[0].use_dual_gnn:
         half = B2 // 2
         h = torch.cat([h[:, :half], h[:, half:]], dim=-1)
     return h
