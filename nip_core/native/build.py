@@ -132,3 +132,9 @@ def load(name: str, declare: Callable[[ctypes.CDLL], None]) -> ctypes.CDLL | Non
                 library = None
         _loaded[remembered] = library
         return library
+
+
+def check_status(status: int, name: str) -> None:
+    """Raise when a kernel's entry point returned non-zero: it could not allocate its work buffers."""
+    if status != 0:
+        raise MemoryError(f"{name} kernel: could not allocate its work buffers")

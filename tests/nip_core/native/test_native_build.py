@@ -67,6 +67,39 @@ def test_nipflow_native_0_turns_the_kernels_off(monkeypatch):
     assert not attention.native_self_attention_applies(qkv, mask, 0.0)
 
 
+def test_nipflow_native_0_turns_every_kernel_off(monkeypatch):
+    from nip_core.agents.mlp import FastTanh
+    from nip_core.scenarios.graph_isomorphism.agents import aggregation, fused_mlp, layer_norm
+
+    monkeypatch.setenv(build.ENABLE_VARIABLE, "0")
+    x = torch.randn(2, 32, 16)
+    assert not aggregation.native_aggregation_applies(x, FastTanh())
+    assert not layer_norm.native_layer_norm_applies(x, None)
+    assert not fused_mlp.native_mlp_applies(x, "relu", (16, 16, 16))
+    y = layer_norm.stacked_layer_norm(x.requires_grad_(), None, None, 1e-5)
+    assert type(y.grad_fn).__name__ != "_NativeLayerNormBackward"
+
+
+def test_a_backward_pass_uses_the_library_its_forward_pass_used(monkeypatch):
+    """Turning the kernels off between a forward pass and its backward pass changes nothing for that pass."""
+    from nip_core.scenarios.graph_isomorphism.agents import layer_norm
+
+    x = torch.randn(2, 40, 16, requires_grad=True)
+    (expected,) = torch.autograd.grad(layer_norm.stacked_layer_norm(x, None, None, 1e-5).pow(2).sum(), x)
+    y = layer_norm.stacked_layer_norm(x, None, None, 1e-5)
+    assert type(y.grad_fn).__name__ == "_NativeLayerNormBackward"
+    monkeypatch.setenv(build.ENABLE_VARIABLE, "0")
+    monkeypatch.setattr(build, "_loaded", {})
+    (got,) = torch.autograd.grad(y.pow(2).sum(), x)
+    assert torch.equal(got, expected)
+
+
+def test_a_kernel_that_could_not_allocate_raises_memory_error_naming_it():
+    build.check_status(0, "layer_norm")
+    with pytest.raises(MemoryError, match="layer_norm kernel: could not allocate its work buffers"):
+        build.check_status(-1, "layer_norm")
+
+
 @pytest.fixture(autouse=True)
 def _forget_loaded(monkeypatch):
     monkeypatch.setattr(build, "_loaded", {})

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from nip_core.agents.mlp import FastTanh
-from nip_core.native.build import load
+from nip_core.native.build import check_status, load
 from nip_core.scenarios.graph_isomorphism.agents.attention import autocast_enabled
 
 ACTIVATIONS = {nn.ReLU: 0, FastTanh: 1}
@@ -56,8 +56,7 @@ class _NativeGinAggregate(torch.autograd.Function):
                                                   node_mask.data_ptr(), node_mask.shape[0],
                                                   int(z.dtype == torch.bfloat16),
                                                   ACTIVATIONS[type(activation)], y.data_ptr())
-        if status != 0:
-            raise MemoryError("gin_aggregate kernel: could not allocate its work buffer")
+        check_status(status, "gin_aggregate")
         ctx.save_for_backward(z, self_adjacency, node_mask)
         ctx.activation, ctx.kernel = activation, kernel
         return y
@@ -76,8 +75,7 @@ class _NativeGinAggregate(torch.autograd.Function):
                                                        int(z.dtype == torch.bfloat16),
                                                        ACTIVATIONS[type(ctx.activation)], grad_y.data_ptr(),
                                                        grad_z.data_ptr())
-        if status != 0:
-            raise MemoryError("gin_aggregate kernel: could not allocate its work buffer")
+        check_status(status, "gin_aggregate")
         return grad_z, None, None, None
 
 

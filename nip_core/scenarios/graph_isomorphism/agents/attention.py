@@ -23,7 +23,7 @@ import ctypes
 import torch
 from torch import Tensor
 
-from nip_core.native.build import load
+from nip_core.native.build import check_status, load
 
 
 AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
@@ -140,8 +140,7 @@ class _NativeSelfAttention(torch.autograd.Function):
         status = kernel.nip_self_attention_forward(G, L, num_heads, d // num_heads, qkv.data_ptr(),
                                                       int(qkv.dtype == torch.bfloat16), mask.data_ptr(),
                                                       mask.shape[0], scale, out.data_ptr(), weights.data_ptr())
-        if status != 0:
-            raise MemoryError("self_attention kernel: could not allocate its work buffers")
+        check_status(status, "self_attention")
         ctx.save_for_backward(qkv, mask, weights)
         ctx.num_heads, ctx.kernel = num_heads, kernel
         return out
@@ -160,8 +159,7 @@ class _NativeSelfAttention(torch.autograd.Function):
         status = ctx.kernel.nip_self_attention_backward(G, L, H, dh, qkv.data_ptr(), int(qkv.dtype == torch.bfloat16),
                                                         weights.data_ptr(), dh ** -0.5, grad_out.data_ptr(),
                                                         grad_qkv.data_ptr())
-        if status != 0:
-            raise MemoryError("self_attention kernel: could not allocate its work buffers")
+        check_status(status, "self_attention")
         return grad_qkv, None, None
 
 

@@ -14,7 +14,7 @@ import ctypes
 import torch
 from torch import Tensor
 
-from nip_core.native.build import load
+from nip_core.native.build import check_status, load
 from nip_core.scenarios.graph_isomorphism.agents.attention import autocast_enabled
 
 ACTIVATIONS = {"relu": 0, "sigmoid": 1}
@@ -51,8 +51,7 @@ class _NativeStackedMlp(torch.autograd.Function):
         status = kernel.nip_mlp2_forward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
                                          w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[activation], w2.data_ptr(),
                                          b2.data_ptr(), y.data_ptr())
-        if status != 0:
-            raise MemoryError("two_layer_mlp kernel: could not allocate its work buffers")
+        check_status(status, "two_layer_mlp")
         ctx.save_for_backward(x, w1, b1, w2, b2)
         ctx.activation, ctx.kernel = activation, kernel
         return y
@@ -75,8 +74,7 @@ class _NativeStackedMlp(torch.autograd.Function):
                                               w2.data_ptr(), grad_y.data_ptr(), grad_x.data_ptr(),
                                               grad_w1.data_ptr(), grad_b1.data_ptr(), grad_w2.data_ptr(),
                                               grad_b2.data_ptr())
-        if status != 0:
-            raise MemoryError("two_layer_mlp kernel: could not allocate its work buffers")
+        check_status(status, "two_layer_mlp")
         return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nip_core.native.build import load
+from nip_core.native.build import check_status, load
 
 
 def _declare(library: ctypes.CDLL) -> None:
@@ -52,8 +52,7 @@ class _NativeLayerNorm(torch.autograd.Function):
         status = kernel.nip_layer_norm_forward(K, M, d, x.data_ptr(), int(x.dtype == torch.bfloat16),
                                                _pointer(weight), _pointer(bias), eps, y.data_ptr(),
                                                int(out_dtype == torch.bfloat16), mean.data_ptr(), rstd.data_ptr())
-        if status != 0:
-            raise MemoryError("layer_norm kernel: could not allocate its work buffer")
+        check_status(status, "layer_norm")
         ctx.save_for_backward(x, weight, bias, mean, rstd)
         ctx.eps, ctx.out_dtype, ctx.kernel = eps, out_dtype, kernel
         return y
@@ -76,8 +75,7 @@ class _NativeLayerNorm(torch.autograd.Function):
                                                     _pointer(weight), mean.data_ptr(), rstd.data_ptr(),
                                                     grad_y.data_ptr(), int(ctx.out_dtype == torch.bfloat16),
                                                     grad_x.data_ptr(), _pointer(grad_w), _pointer(grad_b))
-        if status != 0:
-            raise MemoryError("layer_norm kernel: could not allocate its work buffer")
+        check_status(status, "layer_norm")
         return grad_x, grad_w, grad_b, None, None
 
 
