@@ -22,27 +22,42 @@ static inline vf splat(float x) {
 
 static inline vf lane_select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
-/* exp(x) lane by lane, to about 2 ulp (Cephes' single-precision polynomial after reduction by
- * ln 2). Below the smallest normal result it returns 0, so exp(-inf) = 0; NaN stays NaN. */
-static inline vf vexp(vf x) {
-    const float hi = 88.37626f, lo = -87.33654f;
-    vf xc = lane_select(x > hi, splat(hi), x);
-    xc = lane_select(xc < lo, splat(lo), xc);
-    /* n = round(x / ln 2) by adding and subtracting 1.5 * 2^23 */
-    const vf shifter = splat(12582912.0f);
-    vf n = (xc * 1.44269504088896341f + shifter) - shifter;
-    vf r = xc - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
+/* Cephes' single-precision polynomial for exp(r), |r| <= ln(2) / 2. */
+static inline vf exp_poly(vf r) {
     vf p = splat(1.9875691500e-4f);
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    return lane_select(x < lo, splat(0.0f), p * (vf)e);
+    return p * r * r + r + 1.0f;
 }
+
+/* exp(x) lane by lane, to about 2 ulp: n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts),
+ * exp_poly(r) times 2^n. Below the smallest normal result it returns 0, so exp(-inf) = 0; NaN stays
+ * NaN. With AVX-512 the scaling is one vscalefps (inf above the range); otherwise the exponent is
+ * built by hand from the input clamped to the range (the largest float above it). */
+#if defined(__AVX512F__) && LANES == 16
+#include <immintrin.h>
+static inline vf vexp(vf x) {
+    const vf xc = (vf)_mm512_min_ps(_mm512_set1_ps(89.0f), (__m512)x);  /* NaN stays NaN; exp(89) is inf */
+    const __m512 n = _mm512_roundscale_ps((__m512)(xc * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const vf r = (xc - (vf)n * 0.693359375f) + (vf)n * 2.12194440e-4f;
+    return lane_select(x < -87.33654f, splat(0.0f), (vf)_mm512_scalef_ps((__m512)exp_poly(r), n));
+}
+#else
+static inline vf vexp(vf x) {
+    const float hi = 88.37626f, lo = -87.33654f;
+    vf xc = lane_select(x > hi, splat(hi), x);
+    xc = lane_select(xc < lo, splat(lo), xc);
+    /* n = round(x / ln 2) by adding and subtracting 1.5 * 2^23 */
+    const vf shifter = splat(12582912.0f);
+    const vf n = (xc * 1.44269504088896341f + shifter) - shifter;
+    const vf r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    return lane_select(x < lo, splat(0.0f), exp_poly(r) * (vf)e);
+}
+#endif
 
 static inline float bf16_to_float(uint16_t v) {
     uint32_t bits = (uint32_t)v << 16;
