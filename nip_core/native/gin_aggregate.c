@@ -23,10 +23,9 @@
 
 /* n <= LANES values from element `at` of src; lanes past n are 0. */
 static inline vf load_values(const void *src, int bf16, int64_t at, int64_t n) {
+    if (!bf16 && n == LANES) return *(const vf *)((const float *)src + at);  /* vf is 4-byte aligned */
     vf out = splat(0.0f);
-    if (!bf16 && n == LANES) {
-        memcpy(&out, (const float *)src + at, sizeof out);
-    } else if (n == LANES) {
+    if (n == LANES) {
         const uint16_t *p = (const uint16_t *)src + at;
         vi bits;
         for (int64_t v = 0; v < LANES; v++) bits[v] = (int32_t)((uint32_t)p[v] << 16);
@@ -40,7 +39,7 @@ static inline vf load_values(const void *src, int bf16, int64_t at, int64_t n) {
 
 static inline void store_values(vf value, int bf16, int64_t at, int64_t n, void *dst) {
     if (!bf16 && n == LANES) {
-        memcpy((float *)dst + at, &value, sizeof value);
+        *(vf *)((float *)dst + at) = value;
         return;
     }
     for (int64_t v = 0; v < n; v++) {
@@ -80,26 +79,38 @@ static void activations(int64_t g, int64_t ga, int64_t N, int64_t d, int64_t C, 
  * (one chain per row would wait on each addition's latency). */
 #define ROWS 8
 
-/* Adjacency matrix g as float32 in w (rows padded with zeros to a multiple of ROWS), transposed
- * when `transpose` is set: w[r * N + s] = a[r, s], or a[s, r]. */
-static inline void adjacency(const void *adj, int bf16, int64_t g, int64_t N, int transpose, float *w) {
-    const int64_t padded = (N + ROWS - 1) / ROWS * ROWS;
-    for (int64_t r = 0; r < padded; r++)
-        for (int64_t s = 0; s < N; s++) {
-            const int64_t at = g * N * N + (transpose ? s * N + r : r * N + s);
-            w[r * N + s] = r < N ? load_scalar(adj, bf16, at) : 0.0f;
-        }
+/* The weights of node sums over graph g's adjacency: w[r * rs + s * cs] = a[r, s], or a[s, r] when
+ * `transpose` is set. The float32 matrix is read in place where it can be; otherwise (bf16, or
+ * N < ROWS) it is copied into `copy` as float32, rows past N zeros. */
+typedef struct {
+    const float *w;
+    int64_t rs, cs;
+} weights;
+
+static inline weights adjacency(const void *adj, int bf16, int64_t g, int64_t N, int transpose, float *copy) {
+    const int64_t at = g * N * N;
+    if (!bf16 && N >= ROWS)
+        return (weights){(const float *)adj + at, transpose ? 1 : N, transpose ? N : 1};
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t s = 0; s < N; s++)
+            copy[r * N + s] = load_scalar(adj, bf16, at + (transpose ? s * N + r : r * N + s));
+    for (int64_t e = N * N; e < ROWS * N; e++) copy[e] = 0.0f;
+    return (weights){copy, N, 1};
 }
 
-/* out[r * C + c] = Σ_s w[r * N + s] in[s * C + c] for r, s < N, c < C (the sum over s in order). */
-static inline void node_sums(const float *w, const vf *in, int64_t N, int64_t C, vf *out) {
+/* out[r * C + c] = Σ_s w(r, s) in[s * C + c] for r, s < N, c < C (the sum over s in order). Rows
+ * go ROWS at a time; the last block, when N >= ROWS, is the last ROWS rows (overlapping the block
+ * before: those rows are computed again, the same way). */
+static inline void node_sums(weights a, const vf *in, int64_t N, int64_t C, vf *out) {
     for (int64_t c = 0; c < C; c++)
-        for (int64_t r0 = 0; r0 < N; r0 += ROWS) {
+        for (int64_t b = 0; b < N; b += ROWS) {
+            const int64_t r0 = N >= ROWS && b + ROWS > N ? N - ROWS : b;
             vf acc[ROWS];
             for (int64_t k = 0; k < ROWS; k++) acc[k] = splat(0.0f);
             for (int64_t s = 0; s < N; s++) {
                 const vf v = in[s * C + c];
-                for (int64_t k = 0; k < ROWS; k++) acc[k] += w[(r0 + k) * N + s] * v;
+                const float *ws = a.w + r0 * a.rs + s * a.cs;
+                for (int64_t k = 0; k < ROWS; k++) acc[k] += ws[k * a.rs] * v;
             }
             for (int64_t k = 0; k < ROWS && r0 + k < N; k++) out[(r0 + k) * C + c] = acc[k];
         }
@@ -113,7 +124,7 @@ static inline void store_rows(const vf *rows, int bf16, int64_t g, int64_t N, in
         }
 }
 
-static inline int64_t weights_size(int64_t N) { return (N + ROWS - 1) / ROWS * ROWS * N; }
+static inline int64_t weights_size(int64_t N) { return (N > ROWS ? N : ROWS) * N; }
 
 /* Returns 0, or -1 when the work buffer could not be allocated. */
 int nip_gin_aggregate_forward(int64_t G, int64_t N, int64_t d, const void *z, const void *adj, const void *m,
@@ -125,8 +136,7 @@ int nip_gin_aggregate_forward(int64_t G, int64_t N, int64_t d, const void *z, co
     float *w = (float *)(sums + N * C);
     for (int64_t g = 0; g < G; g++) {
         activations(g, g % data_batch, N, d, C, z, m, bf16, act, t, NULL);
-        adjacency(adj, bf16, g % data_batch, N, 0, w);
-        node_sums(w, t, N, C, sums);  /* y_i = Σ_j a_ij t_j */
+        node_sums(adjacency(adj, bf16, g % data_batch, N, 0, w), t, N, C, sums);  /* y_i = Σ_j a_ij t_j */
         store_rows(sums, bf16, g, N, d, C, y);
     }
     free(t);
@@ -147,8 +157,7 @@ int nip_gin_aggregate_backward(int64_t G, int64_t N, int64_t d, const void *z, c
                 const int64_t n = d - c * LANES < LANES ? d - c * LANES : LANES;
                 g_rows[i * C + c] = load_values(gy, bf16, (g * N + i) * d + c * LANES, n);
             }
-        adjacency(adj, bf16, g % data_batch, N, 1, w);
-        node_sums(w, g_rows, N, C, sums);  /* u_j = Σ_i a_ij gy_i */
+        node_sums(adjacency(adj, bf16, g % data_batch, N, 1, w), g_rows, N, C, sums);  /* u_j = Σ_i a_ij gy_i */
         for (int64_t e = 0; e < N * C; e++) sums[e] *= slope[e];
         store_rows(sums, bf16, g, N, d, C, gz);
     }

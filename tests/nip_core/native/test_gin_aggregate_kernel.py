@@ -37,8 +37,11 @@ def _reference(z, adjacency, mask, activation):
 
 @pytest.mark.parametrize("activation", [FastTanh(), nn.ReLU()], ids=["tanh", "relu"])
 @pytest.mark.parametrize("d", [16, 20], ids=["d16", "d20-partial-vector"])
-def test_forward_and_gradient_match_float64(activation, d):
-    z64, adjacency, mask = _inputs(d=d)
+# the adjacency read in place with the last block of rows overlapping the one before (11, 19), in
+# whole blocks (8), and copied with zero rows below the graph's (5: fewer nodes than a block)
+@pytest.mark.parametrize("N", [11, 19, 8, 5])
+def test_forward_and_gradient_match_float64(activation, d, N):
+    z64, adjacency, mask = _inputs(d=d, N=N)
     z = z64.float().requires_grad_()
     assert native_aggregation_applies(z, activation)
     y = gin_aggregate(z, adjacency.float(), mask.float(), activation)
@@ -54,7 +57,7 @@ def test_forward_and_gradient_match_float64(activation, d):
     (want,) = torch.autograd.grad(expected, z64, grad)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     # padding nodes get no gradient
-    assert torch.all(got.view(3, 13, 11, d)[:, mask == 0] == 0)
+    assert torch.all(got.view(3, 13, N, d)[:, mask == 0] == 0)
 
 
 def test_each_graph_is_computed_as_if_alone():
