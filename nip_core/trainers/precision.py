@@ -21,12 +21,17 @@ made it slower (1.95 against 3.05 s per iteration on an H200). The trainer recor
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import ContextManager
 
 import torch
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 AUTO = "auto"
+NO_NATIVE_BF16 = ("this CPU has no native bf16 (no AVX512-BF16, no AMX): bf16 products run far slower "
+                  "than float32 ones here (docs/performance.md)")
+
+logger = logging.getLogger(__name__)
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:
@@ -61,13 +66,16 @@ def resolve_precision(precision: str, device: str | torch.device) -> tuple[str, 
     """
     if precision != AUTO:
         autocast_dtype(precision)  # refuses an unknown one
+        if precision == "bf16" and torch.device(device).type == "cpu" and not native_cpu_bf16():
+            logger.warning("rl.precision=bf16: %s; rl.precision=auto would pick fp32", NO_NATIVE_BF16)
+            return precision, f"rl.precision; {NO_NATIVE_BF16}"
         return precision, "rl.precision"
     device_type = torch.device(device).type
     if device_type != "cpu":
         return "fp32", f"auto: float32 on {device_type} (the eager step is bound by the host; bf16 measured slower)"
     if native_cpu_bf16():
         return "bf16", "auto: this CPU computes bf16 natively (AVX512-BF16 or AMX)"
-    return "fp32", "auto: this CPU has no native bf16 (no AVX512-BF16, no AMX), where bf16 is far slower"
+    return "fp32", f"auto: {NO_NATIVE_BF16}"
 
 
 def precision_context(precision: str, device: str | torch.device) -> ContextManager:

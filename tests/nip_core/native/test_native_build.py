@@ -93,16 +93,35 @@ def test_nipflow_native_0_turns_every_kernel_off(monkeypatch):
     assert type(y.grad_fn).__name__ != "_NativeLayerNormBackward"
 
 
-def test_a_backward_pass_uses_the_library_its_forward_pass_used(monkeypatch):
-    """Turning the kernels off between a forward pass and its backward pass changes nothing for that pass."""
-    from nip_core.scenarios.graph_isomorphism.agents import layer_norm
+def _kernel_calls():
+    from nip_core.agents.mlp import FastTanh
+    from nip_core.scenarios.graph_isomorphism.agents import aggregation, fused_mlp, layer_norm
 
-    x = torch.randn(2, 40, 16, requires_grad=True)
-    (expected,) = torch.autograd.grad(layer_norm.stacked_layer_norm(x, None, None, 1e-5).pow(2).sum(), x)
-    y = layer_norm.stacked_layer_norm(x, None, None, 1e-5)
-    assert type(y.grad_fn).__name__ == "_NativeLayerNormBackward"
+    w = [torch.randn(2, 16, 16), torch.randn(2, 16), torch.randn(2, 16, 16), torch.randn(2, 16)]
+    adjacency, mask = (torch.rand(4, 11, 11) < 0.3).float(), torch.ones(4, 11)
+    return {
+        "two_layer_mlp": (lambda x: fused_mlp.stacked_two_layer_mlp(x, w[0], w[1], "relu", w[2], w[3]), (2, 40, 16),
+                          "_NativeStackedMlpBackward"),
+        "gin_aggregate": (lambda z: aggregation.gin_aggregate(z, adjacency, mask, FastTanh()), (4, 11, 16),
+                          "_NativeGinAggregateBackward"),
+        "self_attention": (lambda qkv: attention.self_attention(qkv, torch.zeros(4, 1, 6, 6), 4, 0.0), (4, 6, 48),
+                           "_NativeSelfAttentionBackward"),
+        "layer_norm": (lambda x: layer_norm.stacked_layer_norm(x, None, None, 1e-5), (2, 40, 16),
+                       "_NativeLayerNormBackward"),
+    }
+
+
+@pytest.mark.parametrize("kernel", ["two_layer_mlp", "gin_aggregate", "self_attention", "layer_norm"])
+def test_a_backward_pass_uses_the_library_its_forward_pass_used(monkeypatch, kernel):
+    """Turning the kernels off between a forward pass and its backward pass changes nothing for that pass."""
+    fn, shape, backward = _kernel_calls()[kernel]
+    x = torch.randn(*shape, requires_grad=True)
+    (expected,) = torch.autograd.grad(fn(x).pow(2).sum(), x)
+    y = fn(x)
+    assert type(y.grad_fn).__name__ == backward
     monkeypatch.setenv(build.ENABLE_VARIABLE, "0")
     monkeypatch.setattr(build, "_loaded", {})
+    assert type(fn(x).grad_fn).__name__ != backward  # off now for new forward passes
     (got,) = torch.autograd.grad(y.pow(2).sum(), x)
     assert torch.equal(got, expected)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pydantic
 import pytest
 import torch
@@ -71,9 +73,18 @@ def test_auto_precision_follows_the_cpu_and_the_card_says_what_it_picked(tmp_pat
     assert result_card(trainer.run).precision == f"{expected} ({record['why']})"
 
 
-def test_auto_precision_is_float32_off_the_cpu_and_explicit_values_stay():
+def test_auto_precision_is_float32_off_the_cpu_and_explicit_values_stay(monkeypatch, caplog):
     assert resolve_precision("auto", "cuda")[0] == "fp32"
+    monkeypatch.setattr(precision_module, "native_cpu_bf16", lambda: True)
     assert resolve_precision("bf16", "cpu") == ("bf16", "rl.precision")
+    assert "rl.precision=bf16" not in caplog.text
+    # bf16 asked for on a CPU without native bf16 is kept, with a warning that says what it costs
+    monkeypatch.setattr(precision_module, "native_cpu_bf16", lambda: False)
+    with caplog.at_level(logging.WARNING, logger=precision_module.__name__):
+        used, why = resolve_precision("bf16", "cpu")
+    assert used == "bf16" and why.startswith("rl.precision; this CPU has no native bf16")
+    assert "rl.precision=bf16: this CPU has no native bf16" in caplog.text and "auto would pick fp32" in caplog.text
+    assert resolve_precision("bf16", "cuda") == ("bf16", "rl.precision")
     assert resolve_precision("fp32", "cuda") == ("fp32", "rl.precision")
     with pytest.raises(ValueError, match="rl.precision"):
         resolve_precision("fp16", "cpu")
