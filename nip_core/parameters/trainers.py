@@ -77,8 +77,9 @@ class RlTrainerParameters(ParamsModel):
     precision: Literal["fp32", "bf16", "auto"] = Field(
         "fp32", description="TensorDict trainers' agent arithmetic: fp32, or bf16 mixed precision (bf16 "
                             "autocast of the agents' forward passes; fp32 weights, optimiser, log-probs, "
-                            "ratios and losses), or auto: bf16 on a CPU with native bf16 (AVX512-BF16, "
-                            "AMX), fp32 elsewhere; the run's metadata and result card say which")
+                            "ratios and losses), or auto: what a GI iteration measured fastest on this kind "
+                            "of device (today fp32 on every CPU and GPU, docs/performance.md); the run's "
+                            "metadata and result card say which and why")
     test_greedy: Annotated[bool, BaseRunPreserve("rerun_tests")] = Field(
         False, description="test loop: take each agent's most likely action instead of sampling")
 

@@ -8,14 +8,17 @@ matrix products run in bfloat16; the weights, gradients and optimiser state stay
 gradients in float32), and the agents return their logits and values in float32, so the
 log-probabilities, ratios, advantages and losses are computed in float32.
 
-``auto`` picks one of the two per machine (:func:`resolve_precision`), by what was
-measured on the GI paper workload (docs/performance.md): bf16 on a CPU that computes bf16
-natively (AVX512-BF16 or AMX), where a bf16 product is several times faster than a float32
-one; float32 everywhere else — a CPU without those instructions runs bf16 products ~100x
-slower than float32 ones (0.7 against 76 GFLOP/s on an AMD EPYC, where a GI iteration took
-7.8x as long in bf16), and on a CUDA GPU the eager step is bound by the host, so bf16's casts
-made it slower (1.95 against 3.05 s per iteration on an H200). The trainer records what it picked, and why, in the run's
-``metadata.json`` (``precision``), and the result card shows it.
+``auto`` picks one of the two per machine (:func:`resolve_precision`), by what a whole GI
+iteration measured on the paper workload (docs/performance.md), not by the GEMM peaks: today
+that is float32 everywhere. On a CPU without native bf16 (no AVX512-BF16, no AMX) bf16
+products run ~100x slower than float32 ones (0.7 against 76 GFLOP/s on an AMD EPYC, where a
+GI iteration took 7.8x as long in bf16). On a CPU with it, the step is bound by memory and
+by many small ops, and the C kernels compute in float32 either way: a bf16 iteration measured
+at parity on an AMD EPYC with AVX512-BF16 and 4 % slower on an Intel Xeon with AMX (5.63
+against 5.42 s per iteration), for less precision. On a CUDA GPU the eager step is bound by
+the host, so bf16's casts made it slower (1.95 against 3.05 s per iteration on an H200). The
+trainer records what it picked, and why, in the run's ``metadata.json`` (``precision``), and
+the result card shows it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 AUTO = "auto"
 NO_NATIVE_BF16 = ("this CPU has no native bf16 (no AVX512-BF16, no AMX): bf16 products run far slower "
                   "than float32 ones here (docs/performance.md)")
+NATIVE_BF16_NO_FASTER = ("this CPU computes bf16 natively (AVX512-BF16 or AMX), but a bf16 GI iteration "
+                         "measured no faster than float32 on such CPUs (docs/performance.md)")
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +79,7 @@ def resolve_precision(precision: str, device: str | torch.device) -> tuple[str, 
     if device_type != "cpu":
         return "fp32", f"auto: float32 on {device_type} (the eager step is bound by the host; bf16 measured slower)"
     if native_cpu_bf16():
-        return "bf16", "auto: this CPU computes bf16 natively (AVX512-BF16 or AMX)"
+        return "fp32", f"auto: {NATIVE_BF16_NO_FASTER}"
     return "fp32", f"auto: {NO_NATIVE_BF16}"
 
 

@@ -60,17 +60,21 @@ def test_unknown_precision_is_refused():
         tiny_params(rl=dict(precision="fp16"))
 
 
-@pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "fp32")])
-def test_auto_precision_follows_the_cpu_and_the_card_says_what_it_picked(tmp_path, monkeypatch, native, expected):
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_follows_the_cpu_and_the_card_says_what_it_picked(tmp_path, monkeypatch, native):
+    # a bf16 iteration measured no faster than fp32 even with native bf16 (docs/performance.md):
+    # auto picks fp32 on both kinds of CPU, and the reason it records says which kind this is
     monkeypatch.setattr(precision_module, "native_cpu_bf16", lambda: native)
     trainer = make_trainer(tiny_params(rl=dict(precision="auto")), tmp_path)
-    assert trainer.precision == expected
+    assert trainer.precision == "fp32"
     with trainer._precision():  # the agents' forward passes run in what was picked
-        assert torch.is_autocast_enabled("cpu") == (expected == "bf16")
+        assert not torch.is_autocast_enabled("cpu")
     record = trainer.run.metadata()["precision"]
-    assert (record["requested"], record["used"]) == ("auto", expected)
-    assert record["why"].startswith("auto: ") and ("natively" in record["why"]) == native
-    assert result_card(trainer.run).precision == f"{expected} ({record['why']})"
+    assert (record["requested"], record["used"]) == ("auto", "fp32")
+    assert record["why"].startswith("auto: ")
+    assert ("computes bf16 natively" in record["why"]) == ("measured no faster" in record["why"]) == native
+    assert ("no native bf16" in record["why"]) != native
+    assert result_card(trainer.run).precision == f"fp32 ({record['why']})"
 
 
 def test_auto_precision_is_float32_off_the_cpu_and_explicit_values_stay(monkeypatch, caplog):
