@@ -47,6 +47,21 @@ def test_a_build_lands_in_the_cache_directory_and_is_reused(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == built  # no partial files left behind
 
 
+def test_the_loaded_library_is_remembered_per_cache_directory(tmp_path, monkeypatch):
+    # load() runs on every kernel call: a second call in the same place builds and declares nothing
+    monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path / "a"))
+    declared = []
+    first = build.load("self_attention", declared.append)
+    assert first is not None and build.load("self_attention", declared.append) is first and declared == [first]
+    # another cache directory, in the same process, gets its own build there
+    monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path / "b"))
+    second = build.load("self_attention", declared.append)
+    assert second is not None and second is not first and declared == [first, second]
+    assert [p.name for p in (tmp_path / "b").glob("*.so")] == [p.name for p in (tmp_path / "a").glob("*.so")]
+    monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path / "a"))
+    assert build.load("self_attention", declared.append) is first and len(declared) == 2
+
+
 def test_without_a_compiler_the_composition_runs_and_says_why(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
