@@ -19,32 +19,51 @@
  * Python side uses the kernel only where din, dh and dout are multiples of CHUNK. */
 #define CHUNK 8
 
-/* out[o] = Σ_i in[i] w[i * stride + o] + bias[o] (w scalar per (i, o)), for o < n_out; the bias is
+/* Blocks of LANES rows that go through the products together: each weight is loaded (broadcast)
+ * once for NB blocks. With 32 vector registers (AVX-512) the NB * CHUNK accumulators of two
+ * blocks fit; with 16 (AVX, SSE, NEON) one block's already fill half of them. Every lane's
+ * arithmetic is the same, in the same order, whatever NB is. */
+#if LANES == 16
+#define NB 2
+#else
+#define NB 1
+#endif
+
+/* For each of NB blocks b: out[b][o] = Σ_i in[b][i] w[i * stride + o] + bias[o] (w scalar per
+ * (i, o)), for o < n_out; block b's values start at in + b * n_in and out + b * n_out. The bias is
  * added last, as a product with a bias term (baddbmm) adds it. */
 static inline void dense(const vf *in, int64_t n_in, const float *w, int64_t stride, const float *bias,
                          int64_t n_out, vf *out) {
     for (int64_t o0 = 0; o0 < n_out; o0 += CHUNK) {
-        vf acc[CHUNK];
-        for (int64_t j = 0; j < CHUNK; j++) acc[j] = splat(0.0f);
+        vf acc[NB][CHUNK];
+        for (int64_t b = 0; b < NB; b++)
+            for (int64_t j = 0; j < CHUNK; j++) acc[b][j] = splat(0.0f);
         for (int64_t i = 0; i < n_in; i++) {
-            const vf a = in[i];
             const float *wi = w + i * stride + o0;
-            for (int64_t j = 0; j < CHUNK; j++) acc[j] += a * wi[j];
+            for (int64_t b = 0; b < NB; b++) {
+                const vf a = in[b * n_in + i];
+                for (int64_t j = 0; j < CHUNK; j++) acc[b][j] += a * wi[j];
+            }
         }
-        for (int64_t j = 0; j < CHUNK; j++) out[o0 + j] = acc[j] + bias[o0 + j];
+        for (int64_t b = 0; b < NB; b++)
+            for (int64_t j = 0; j < CHUNK; j++) out[b * n_out + o0 + j] = acc[b][j] + bias[o0 + j];
     }
 }
 
-/* out[o] = Σ_i in[i] w[o * stride + i]: the product with the transposed weights. */
+/* For each of NB blocks: out[o] = Σ_i in[i] w[o * stride + i], the product with the transposed
+ * weights (blocks laid out as in dense). */
 static inline void dense_t(const vf *in, int64_t n_in, const float *w, int64_t stride, int64_t n_out, vf *out) {
     for (int64_t o0 = 0; o0 < n_out; o0 += CHUNK) {
-        vf acc[CHUNK];
-        for (int64_t j = 0; j < CHUNK; j++) acc[j] = splat(0.0f);
-        for (int64_t i = 0; i < n_in; i++) {
-            const vf a = in[i];
-            for (int64_t j = 0; j < CHUNK; j++) acc[j] += a * w[(o0 + j) * stride + i];
-        }
-        for (int64_t j = 0; j < CHUNK; j++) out[o0 + j] = acc[j];
+        vf acc[NB][CHUNK];
+        for (int64_t b = 0; b < NB; b++)
+            for (int64_t j = 0; j < CHUNK; j++) acc[b][j] = splat(0.0f);
+        for (int64_t i = 0; i < n_in; i++)
+            for (int64_t b = 0; b < NB; b++) {
+                const vf a = in[b * n_in + i];
+                for (int64_t j = 0; j < CHUNK; j++) acc[b][j] += a * w[(o0 + j) * stride + i];
+            }
+        for (int64_t b = 0; b < NB; b++)
+            for (int64_t j = 0; j < CHUNK; j++) out[b * n_out + o0 + j] = acc[b][j];
     }
 }
 
@@ -71,23 +90,30 @@ static inline void activate(const vf *z, int64_t n, int act, vf *h) {
         for (int64_t c = 0; c < n; c++) h[c] = lane_select(z[c] > 0.0f, z[c], splat(0.0f));
 }
 
+/* Rows of block b of the NB blocks from row r0 that exist (0 for a block past the end). */
+static inline int64_t block_lanes(int64_t M, int64_t r0, int64_t b) {
+    const int64_t left = M - (r0 + b * LANES);
+    return left <= 0 ? 0 : left < LANES ? left : LANES;
+}
+
 int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                      const float *w1, const float *b1, int act, const float *w2, const float *b2, void *y) {
-    vf *buf = malloc((size_t)(din + 2 * dh + dout) * sizeof(vf));
+    vf *buf = malloc((size_t)(NB * (din + 2 * dh + dout)) * sizeof(vf));
     if (!buf) return -1;
-    vf *xv = buf, *z = xv + din, *h = z + dh, *out = h + dh;
+    vf *xv = buf, *z = xv + NB * din, *h = z + NB * dh, *out = h + NB * dh;
     const size_t elem = bf16 ? 2 : 4;
     for (int64_t k = 0; k < K; k++) {
         const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
         char *yk = (char *)y + (size_t)(k * M * dout) * elem;
         const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout, *b2k = b2 + k * dout;
-        for (int64_t r0 = 0; r0 < M; r0 += LANES) {
-            const int64_t lanes = M - r0 < LANES ? M - r0 : LANES;
-            gather(xk, bf16, r0, lanes, din, (float *)xv);
+        for (int64_t r0 = 0; r0 < M; r0 += NB * LANES) {
+            for (int64_t b = 0; b < NB; b++)  /* a block past the end is zeros, computed and dropped */
+                gather(xk, bf16, r0 + b * LANES, block_lanes(M, r0, b), din, (float *)(xv + b * din));
             dense(xv, din, w1k, dh, b1k, dh, z);
-            activate(z, dh, act, h);
+            activate(z, NB * dh, act, h);
             dense(h, dh, w2k, dout, b2k, dout, out);
-            scatter((const float *)out, bf16, r0, lanes, dout, yk);
+            for (int64_t b = 0; b < NB; b++)
+                scatter((const float *)(out + b * dout), bf16, r0 + b * LANES, block_lanes(M, r0, b), dout, yk);
         }
     }
     free(buf);
@@ -105,17 +131,20 @@ static void lane_sums(const vf *acc, int64_t n, float *dst) {
 
 /* Blocks whose inputs and gradients are kept for one round of weight-gradient accumulation. */
 #define GROUP 8
+#if GROUP % NB
+#error "GROUP must be a multiple of NB"
+#endif
 
 int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                       const float *w1, const float *b1, int act, const float *w2, const void *gy, void *gx,
                       float *gw1, float *gb1, float *gw2, float *gb2) {
     const int64_t n_acc = din * dh + dh + dh * dout + dout;
     const int64_t per_block = din + 2 * dh + dout;  /* x, h, d z, gy of one block, kept for the group */
-    vf *buf = malloc((size_t)(GROUP * per_block + dh + din + n_acc) * sizeof(vf));
+    vf *buf = malloc((size_t)(GROUP * per_block + NB * (dh + din) + n_acc) * sizeof(vf));
     if (!buf) return -1;
     vf *xs = buf, *hs = xs + GROUP * din, *dzs = hs + GROUP * dh, *gys = dzs + GROUP * dh;
-    vf *z = gys + GROUP * dout, *gxv = z + dh;
-    vf *aw1 = gxv + din, *ab1 = aw1 + din * dh, *aw2 = ab1 + dh, *ab2 = aw2 + dh * dout;
+    vf *z = gys + GROUP * dout, *gxv = z + NB * dh;
+    vf *aw1 = gxv + NB * din, *ab1 = aw1 + din * dh, *aw2 = ab1 + dh, *ab2 = aw2 + dh * dout;
     const size_t elem = bf16 ? 2 : 4;
     for (int64_t k = 0; k < K; k++) {
         const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
@@ -124,23 +153,30 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
         const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout;
         memset(aw1, 0, (size_t)n_acc * sizeof(vf));
         for (int64_t g0 = 0; g0 < M; g0 += GROUP * LANES) {
-            int64_t blocks = 0;
-            for (int64_t r0 = g0; r0 < M && r0 < g0 + GROUP * LANES; r0 += LANES, blocks++) {
-                const int64_t lanes = M - r0 < LANES ? M - r0 : LANES;
-                vf *xv = xs + blocks * din, *h = hs + blocks * dh, *dz = dzs + blocks * dh, *gyv = gys + blocks * dout;
-                gather(xk, bf16, r0, lanes, din, (float *)xv);
-                gather(gyk, bf16, r0, lanes, dout, (float *)gyv);  /* lanes past the end have gradient 0 */
+            int64_t blocks = 0;  /* blocks of the group that exist: slots [0, blocks) */
+            for (int64_t r0 = g0; r0 < M && r0 < g0 + GROUP * LANES; r0 += NB * LANES) {
+                const int64_t slot = (r0 - g0) / LANES;  /* NB slots from here (GROUP is a multiple of NB) */
+                vf *xv = xs + slot * din, *h = hs + slot * dh, *dz = dzs + slot * dh, *gyv = gys + slot * dout;
+                for (int64_t b = 0; b < NB; b++) {  /* lanes past the end: x and gradient 0 */
+                    const int64_t lanes = block_lanes(M, r0, b);
+                    gather(xk, bf16, r0 + b * LANES, lanes, din, (float *)(xv + b * din));
+                    gather(gyk, bf16, r0 + b * LANES, lanes, dout, (float *)(gyv + b * dout));
+                    blocks += lanes > 0;
+                }
                 dense(xv, din, w1k, dh, b1k, dh, z);  /* the hidden layer again, instead of keeping it */
-                activate(z, dh, act, h);
+                activate(z, NB * dh, act, h);
                 dense_t(gyv, dout, w2k, dout, dh, dz);  /* d h = gy W2ᵀ */
                 if (act == 1)
-                    for (int64_t c = 0; c < dh; c++) dz[c] = dz[c] * h[c] * (1.0f - h[c]);
+                    for (int64_t c = 0; c < NB * dh; c++) dz[c] = dz[c] * h[c] * (1.0f - h[c]);
                 else
-                    for (int64_t c = 0; c < dh; c++) dz[c] = lane_select(z[c] > 0.0f, dz[c], splat(0.0f));
-                for (int64_t c = 0; c < dh; c++) ab1[c] += dz[c];
-                for (int64_t e = 0; e < dout; e++) ab2[e] += gyv[e];
+                    for (int64_t c = 0; c < NB * dh; c++) dz[c] = lane_select(z[c] > 0.0f, dz[c], splat(0.0f));
+                for (int64_t b = 0; b < NB && block_lanes(M, r0, b) > 0; b++) {
+                    for (int64_t c = 0; c < dh; c++) ab1[c] += dz[b * dh + c];
+                    for (int64_t e = 0; e < dout; e++) ab2[e] += gyv[b * dout + e];
+                }
                 dense_t(dz, dh, w1k, dh, din, gxv);  /* d x = d z W1ᵀ */
-                scatter((const float *)gxv, bf16, r0, lanes, din, gxk);
+                for (int64_t b = 0; b < NB; b++)
+                    scatter((const float *)(gxv + b * din), bf16, r0 + b * LANES, block_lanes(M, r0, b), din, gxk);
             }
             outer_accumulate(xs, din, dzs, dh, blocks, aw1);  /* d W1 += xᵀ d z */
             outer_accumulate(hs, dh, gys, dout, blocks, aw2);  /* d W2 += hᵀ gy */
