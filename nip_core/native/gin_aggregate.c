@@ -9,7 +9,7 @@
  *
  * Per graph g (G graphs of N nodes, d features each, rows in memory (G, N, d)):
  *     y[g, i] = Σ_j adj[g, i, j] act(m[g, j] z[g, j])
- * with act 1: tanh (as 1 - 2 / (exp(2x) + 1)), act 0: relu. The backward pass returns
+ * with act 1: tanh (as 1 - 2 sigmoid(-2x), lanes.h's vsigmoid), act 0: relu. The backward pass returns
  *     gz[g, j] = m[g, j] act'(m[g, j] z[g, j]) Σ_i adj[g, i, j] gy[g, i]
  * (no gradient for the adjacency or the mask: both are data). The vector lanes run along the
  * feature dimension, LANES features at a time; sums over nodes run over j (or i) in order.
@@ -55,7 +55,7 @@ static inline float load_scalar(const void *src, int bf16, int64_t at) {
 }
 
 static inline vf activate(vf x, int act) {
-    if (act == 1) return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f);
+    if (act == 1) return 1.0f - 2.0f * vsigmoid(-2.0f * x);
     return lane_select(x > 0.0f, x, splat(0.0f));
 }
 

@@ -85,7 +85,7 @@ static inline void outer_accumulate(const vf *u, int64_t n_a, const vf *v, int64
 
 static inline void activate(const vf *z, int64_t n, int act, vf *h) {
     if (act == 1)
-        for (int64_t c = 0; c < n; c++) h[c] = 1.0f / (1.0f + vexp(-z[c]));
+        for (int64_t c = 0; c < n; c++) h[c] = vsigmoid(z[c]);
     else
         for (int64_t c = 0; c < n; c++) h[c] = lane_select(z[c] > 0.0f, z[c], splat(0.0f));
 }

@@ -117,3 +117,20 @@ def test_other_activations_and_dtypes_run_the_composition_and_bad_shapes_are_ref
         gin_aggregate(z64.float(), adjacency[:12].float(), mask.float(), FastTanh())
     with pytest.raises(ValueError, match="a multiple of Gd"):
         gin_aggregate(z64[:20].float(), adjacency.float(), mask.float(), FastTanh())
+
+
+def test_tanh_at_extreme_values_and_nan():
+    """lanes.h's sigmoid under the tanh, 1 - 2 sigmoid(-2z): within 2e-7 of float64's tanh from -1e4 to
+    1e4 (exactly +-1 far out), and a NaN stays NaN (in its feature: the sums over nodes add it)."""
+    values = torch.tensor([-1e4, -100, -44, -40, -9.5, -1, -1e-3, -1e-30, 0, 3e-8, 0.5, 8, 43.3, 44, 100, 1e4])
+    z = values.view(1, 1, 16).repeat(1, 3, 1).float()
+    z[0, 2, 5] = float("nan")
+    adjacency, mask = torch.eye(3).unsqueeze(0), torch.ones(1, 3)
+    assert native_aggregation_applies(z, FastTanh())
+    y = gin_aggregate(z, adjacency, mask, FastTanh())
+    expected = torch.tanh(z.double())
+    assert torch.isnan(y[0, :, 5]).all() and torch.isnan(y).sum() == 3  # 0 x NaN: in every node's sum
+    finite = ~torch.isnan(expected)
+    finite[:, :, 5] = False
+    assert (y.double()[finite] - expected[finite]).abs().max() <= 2e-7
+    assert (y[0, 0, [0, 1, -2, -1]] == torch.tensor([-1.0, -1.0, 1.0, 1.0])).all()

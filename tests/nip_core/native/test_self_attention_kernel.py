@@ -119,3 +119,16 @@ def test_other_sequence_lengths(L):
         mask.zero_()
     out = self_attention(qkv, mask, H, 0.0)
     torch.testing.assert_close(out.double(), _reference(qkv.detach(), mask), rtol=1e-5, atol=2e-6)
+
+
+def test_bfloat16_values_give_the_float32_results_rounded():
+    """bf16 in, float32 arithmetic: the same numbers as the float32 kernel on the same values, rounded
+    to nearest even as torch rounds (rows converted a chunk at a time; G = 26 leaves a partial block)."""
+    qkv, mask = _inputs()
+    qkv_bf16 = qkv.detach().bfloat16().requires_grad_()
+    wide = qkv_bf16.detach().float().requires_grad_()
+    out, out_wide = self_attention(qkv_bf16, mask, H, 0.0), self_attention(wide, mask, H, 0.0)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, out_wide.bfloat16())
+    grad = torch.randn(out.shape).bfloat16()
+    (got,), (want,) = torch.autograd.grad(out, [qkv_bf16], grad), torch.autograd.grad(out_wide, [wide], grad.float())
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())

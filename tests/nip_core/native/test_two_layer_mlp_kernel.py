@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nip_core.scenarios.graph_isomorphism.agents import fused_mlp
 from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import (
     _composed,
     folded_tanh_mlp,
@@ -59,7 +60,10 @@ def test_each_stacked_mlp_is_computed_as_if_alone():
         assert torch.equal(g_together[1:2], g_alone[1:2])
 
 
-def test_bfloat16_rows_take_the_kernel_and_autocast_takes_bf16_products():
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_bfloat16_rows_take_the_kernel_and_autocast_takes_bf16_products_where_they_are_native(monkeypatch,
+                                                                                              native_bf16):
+    monkeypatch.setattr(fused_mlp, "cpu_has_native_bf16", lambda: native_bf16)
     x, weights = _inputs()
     x_bf16 = x.detach().bfloat16().requires_grad_()
     y = stacked_two_layer_mlp(x_bf16, *weights[:2], "relu", *weights[2:])
@@ -69,11 +73,18 @@ def test_bfloat16_rows_take_the_kernel_and_autocast_takes_bf16_products():
     torch.testing.assert_close(y.double(), expected, rtol=1e-2, atol=1e-2)  # bf16 output rounding
     (grad_x, grad_w1) = torch.autograd.grad(y.float().sum(), [x_bf16, weights[0]])
     assert grad_x.dtype == torch.bfloat16 and grad_w1.dtype == torch.float32
-    # under autocast the products run in bf16 (faster than the kernel where the CPU has native bf16)
+    # under autocast: bf16 products where the CPU has native bf16 (faster there than the kernel);
+    # without it the kernel, on the rows and weights rounded to bf16 as autocast rounds them
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = stacked_two_layer_mlp(x, *weights[:2], "relu", *weights[2:])
-    assert y.dtype == torch.bfloat16 and type(y.grad_fn).__name__ != "_NativeStackedMlpBackward"
+    kernel = type(y.grad_fn).__name__ == "_NativeStackedMlpBackward"
+    assert y.dtype == torch.bfloat16 and kernel != native_bf16
     torch.testing.assert_close(y.double(), expected, rtol=3e-2, atol=3e-2)
+    if not native_bf16:
+        rounded = [t.detach().bfloat16() for t in (x, *weights)]
+        assert torch.equal(y, stacked_two_layer_mlp(rounded[0], *rounded[1:3], "relu", *rounded[3:]))
+        grads = torch.autograd.grad(y.float().sum(), weights)
+        assert all(g.dtype == torch.float32 and torch.equal(g, g.bfloat16().float()) for g in grads)
 
 
 def test_folded_tanh_is_tanh():
@@ -107,3 +118,42 @@ def test_sizes_the_kernel_does_not_take_run_the_products():
     assert type(y.grad_fn).__name__ != "_NativeStackedMlpBackward"
     assert not native_mlp_applies(x.double(), "relu", (16, 24, 8))
     assert not native_mlp_applies(x, "gelu", (16, 24, 8))
+
+
+def test_sigmoid_at_extreme_values_and_nan():
+    """lanes.h's sigmoid, through the kernel with identity weights: within 2e-7 (relative) of
+    float64's from -80 to 1e4, 2.35e-38 at most (not the subnormal it is) below, and a NaN stays
+    NaN (in its row: the second layer adds it to every output)."""
+    values = torch.tensor([-1e4, -200, -90, -86, -80, -30, -9.5, -1, -1e-3, 0, 3e-8, 0.5, 8, 17, 90, 1e4])
+    rows = torch.zeros(len(values), 8)
+    rows[:, 3] = values  # one value per row: the identity's zeros never meet it
+    rows[5, 6] = float("nan")
+    x = rows.unsqueeze(0)
+    eye, zeros = torch.eye(8).unsqueeze(0), torch.zeros(1, 8)
+    assert native_mlp_applies(x, "sigmoid", (8, 8, 8))
+    y = stacked_two_layer_mlp(x, eye, zeros, "sigmoid", eye, zeros)
+    assert type(y.grad_fn).__name__ != "AddBackward0"
+    expected = torch.sigmoid(rows.double())
+    assert torch.isnan(y[0, 5]).all() and torch.isnan(y).sum() == 8  # the second layer spreads it over the row
+    others = torch.arange(len(values)) != 5
+    assert (y[0, others, :3] == 0.5).all()  # sigmoid(0), the zeros of the identity adding nothing
+    column, reference = y[0, others, 3].double(), expected[others, 3]
+    normal = reference > 2.36e-38  # above what z is clamped to
+    assert ((column[normal] - reference[normal]).abs() / reference[normal]).max() <= 2e-7
+    assert (column[~normal] <= 2.36e-38).all() and (column[~normal] >= 0).all()
+    assert column[-1] == 1.0 and column[-2] == 1.0
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "relu"])
+def test_bfloat16_rows_give_the_float32_results_rounded(activation):
+    """bf16 rows in, float32 arithmetic: the float32 kernel's numbers on the same values, rounded to
+    nearest even as torch rounds (rows converted a chunk at a time; 150 rows end in a partial block)."""
+    x, weights = _inputs()
+    x_bf16 = x.detach().bfloat16().requires_grad_()
+    wide = x_bf16.detach().float().requires_grad_()
+    y = stacked_two_layer_mlp(x_bf16, *weights[:2], activation, *weights[2:])
+    y_wide = stacked_two_layer_mlp(wide, *weights[:2], activation, *weights[2:])
+    assert y.dtype == torch.bfloat16 and torch.equal(y, y_wide.bfloat16())
+    grad = torch.randn(y.shape).bfloat16()
+    (got,), (want,) = torch.autograd.grad(y, [x_bf16], grad), torch.autograd.grad(y_wide, [wide], grad.float())
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from nip_core.native.build import check_status, load
 from nip_core.scenarios.graph_isomorphism.agents.attention import autocast_enabled
+from nip_core.utils.cpu import cpu_has_native_bf16
 
 ACTIVATIONS = {"relu": 0, "sigmoid": 1}
 CHUNK = 8  # two_layer_mlp.c's register blocking
@@ -90,14 +91,19 @@ def stacked_two_layer_mlp(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2
     """``act(x[k] w1[k] + b1[k]) w2[k] + b2[k]`` for every ``k``: ``(K, M, dout)``.
 
     ``x`` is ``(K, M, din)``, ``w1`` ``(K, din, dh)``, ``b1`` ``(K, dh)``, ``w2`` ``(K, dh, dout)``,
-    ``b2`` ``(K, dout)``; ``activation`` is ``"relu"`` or ``"sigmoid"``. Under autocast the batched
-    products run in the autocast dtype (on a CPU with native bf16 they are faster than the
-    kernel's float32 arithmetic: measured 1.07x against 1.25-1.33x over f717b65 with the
-    kernel under bf16, docs/performance.md); otherwise float32 rows take the kernel.
+    ``b2`` ``(K, dout)``; ``activation`` is ``"relu"`` or ``"sigmoid"``. Under autocast on a CPU
+    with native bf16 the batched products run in the autocast dtype (there they are faster than
+    the kernel's float32 arithmetic: measured 1.07x against 1.25-1.33x over f717b65 with the
+    kernel under bf16, docs/performance.md). Otherwise float32 rows, and under CPU autocast
+    without native bf16 the rows and weights rounded to bf16 (as autocast casts them), take the
+    kernel: float32 arithmetic, the hidden layer kept in float32, the result in the rows' dtype.
     """
     if autocast_enabled(x):
-        # bf16 products (AVX512-BF16, AMX) are faster here than the kernel's float32 arithmetic
-        return _composed(x.to(torch.get_autocast_dtype(x.device.type)), w1, b1, activation, w2, b2)
+        dtype = torch.get_autocast_dtype(x.device.type)
+        if x.device.type != "cpu" or dtype != torch.bfloat16 or cpu_has_native_bf16():
+            return _composed(x.to(dtype), w1, b1, activation, w2, b2)
+        x = x.to(dtype)
+        w1, b1, w2, b2 = (t.to(dtype) for t in (w1, b1, w2, b2))
     if native_mlp_applies(x, activation, (x.shape[-1], w1.shape[-1], w2.shape[-1])):
         weights = [t.to(torch.float32).contiguous() for t in (w1, b1, w2, b2)]
         return _NativeStackedMlp.apply(x.contiguous(), *weights, activation)
