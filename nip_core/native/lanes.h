@@ -132,30 +132,21 @@ static inline float bf16_to_float(uint16_t v) {
 }
 
 static inline uint16_t float_to_bf16(float f) {
-    /* round to nearest even, as torch converts; NaN stays NaN */
+    /* round to nearest even, as torch converts; NaN stays NaN. Without a branch, so that the
+     * loops over rows below vectorise. */
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16, nan = (bits >> 16) | 0x40u;
+    return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
-/* n bf16 values to float32, and float32 to bf16 rounded to nearest even as torch rounds (a NaN
- * stays NaN): loops the compiler vectorises, for whole rows at a time. */
+/* n values converted either way, whole rows at a time. */
 static inline void bf16_to_float_n(const uint16_t *src, int64_t n, float *dst) {
-    for (int64_t i = 0; i < n; i++) {
-        const uint32_t bits = (uint32_t)src[i] << 16;
-        memcpy(dst + i, &bits, sizeof bits);
-    }
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_float(src[i]);
 }
 
 static inline void float_to_bf16_n(const float *src, int64_t n, uint16_t *dst) {
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t bits;
-        memcpy(&bits, src + i, sizeof bits);
-        const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16, nan = (bits >> 16) | 0x40u;
-        dst[i] = (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-    }
+    for (int64_t i = 0; i < n; i++) dst[i] = float_to_bf16(src[i]);
 }
 
 /* Elements per row that a full bf16 block converts at once, in a float buffer on the stack. */
