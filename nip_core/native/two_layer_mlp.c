@@ -11,7 +11,9 @@
  * x, y and their gradients are float32 or bfloat16 (bf16 == 1) in memory, (K, M, d) row-major;
  * weights and their gradients are float32: W1 (K, din, dh), b1 (K, dh), W2 (K, dh, dout),
  * b2 (K, dout). Arithmetic is float32, each lane in a fixed order. act: 0 relu, 1 sigmoid.
- * Weight gradients are summed per lane over the blocks, then over the lanes in order.
+ * Weight gradients are products over the rows: each weight's sum runs over a group of rows in
+ * order, and the groups' sums are added in order; bias gradients are summed per lane over the
+ * blocks, then over the lanes in order.
  */
 #include "lanes.h"
 
@@ -67,22 +69,6 @@ static inline void dense_t(const vf *in, int64_t n_in, const float *w, int64_t s
     }
 }
 
-/* acc[a][b] += Σ_blocks u[block][a] v[block][b] over `blocks` blocks (u rows of n_a, v rows of n_b). */
-static inline void outer_accumulate(const vf *u, int64_t n_a, const vf *v, int64_t n_b, int64_t blocks, vf *acc) {
-    for (int64_t a = 0; a < n_a; a++)
-        for (int64_t b0 = 0; b0 < n_b; b0 += CHUNK) {
-            vf sum[CHUNK];
-            vf *dst = acc + a * n_b + b0;
-            for (int64_t j = 0; j < CHUNK; j++) sum[j] = dst[j];
-            for (int64_t blk = 0; blk < blocks; blk++) {
-                const vf ua = u[blk * n_a + a];
-                const vf *vb = v + blk * n_b + b0;
-                for (int64_t j = 0; j < CHUNK; j++) sum[j] += ua * vb[j];
-            }
-            for (int64_t j = 0; j < CHUNK; j++) dst[j] = sum[j];
-        }
-}
-
 static inline void activate(const vf *z, int64_t n, int act, vf *h) {
     if (act == 1)
         for (int64_t c = 0; c < n; c++) h[c] = vsigmoid(z[c]);
@@ -120,6 +106,63 @@ int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout
     return 0;
 }
 
+/* Blocks whose inputs and gradients are kept for one round of weight-gradient accumulation. */
+#define GROUP 8
+#if GROUP % NB
+#error "GROUP must be a multiple of NB"
+#endif
+
+/* Accumulators of row_outer that stay in registers: ROW_BLOCK rows of the result, one vector each
+ * (with 16 vector registers, 8 of them and the two operands). */
+#if LANES == 16
+#define ROW_BLOCK 16
+#else
+#define ROW_BLOCK CHUNK
+#endif
+
+/* row_outer for the result rows c0 .. c0 + width and vector v (width a constant where inlined). */
+static inline void row_outer_part(const float *t, int64_t n_c, const float *rows, int64_t n_v, int64_t n,
+                                  int64_t c0, int64_t v, int64_t width, vf *acc) {
+    vf sum[ROW_BLOCK];
+    for (int64_t j = 0; j < width; j++) sum[j] = splat(0.0f);
+    for (int64_t r = 0; r < n; r++) {
+        vf row;
+        memcpy(&row, rows + (r * n_v + v) * LANES, sizeof row);
+        const float *tr = t + ((r / LANES) * n_c + c0) * LANES + r % LANES;
+        for (int64_t j = 0; j < width; j++) sum[j] += splat(tr[j * LANES]) * row;
+    }
+    for (int64_t j = 0; j < width; j++) acc[(c0 + j) * n_v + v] += sum[j];
+}
+
+/* acc[c][v] += Σ_r lane_t[c][r] rows[r][v] over the group's n rows r, for c < n_c (a multiple of
+ * CHUNK) and v < n_v vectors: the weight-gradient sums as a product over rows. The lane-layout
+ * operand (lane_t: the group's blocks of n_c vectors, lane l of block s being row s LANES + l) is
+ * broadcast a value at a time, the row-major one (rows of n_v vectors) loaded a vector at a time.
+ * Each (c, v) sums the group's rows in order in a register and then adds that to acc, so the
+ * accumulators stay in registers over a group and acc (n_c n_v vectors) in the first-level cache. */
+static inline void row_outer(const vf *lane_t, int64_t n_c, const float *rows, int64_t n_v, int64_t n, vf *acc) {
+    for (int64_t v = 0; v < n_v; v++) {
+        int64_t c0 = 0;
+        for (; c0 + ROW_BLOCK <= n_c; c0 += ROW_BLOCK)
+            row_outer_part((const float *)lane_t, n_c, rows, n_v, n, c0, v, ROW_BLOCK, acc);
+        for (; c0 < n_c; c0 += CHUNK) row_outer_part((const float *)lane_t, n_c, rows, n_v, n, c0, v, CHUNK, acc);
+    }
+}
+
+/* Rows g0 .. g0 + n of a (M, d) float32 or bfloat16 tensor as float32 rows of n_v vectors (the
+ * padding zero): in place where they are float32 and d is n_v vectors, else converted into buf. */
+static inline const float *padded_rows(const void *src, int bf16, int64_t g0, int64_t n, int64_t d, int64_t n_v,
+                                       float *buf) {
+    if (!bf16 && d == n_v * LANES) return (const float *)src + g0 * d;
+    for (int64_t r = 0; r < n; r++) {
+        float *dst = buf + r * n_v * LANES;
+        if (bf16) bf16_to_float_n((const uint16_t *)src + (g0 + r) * d, d, dst);
+        else memcpy(dst, (const float *)src + (g0 + r) * d, (size_t)d * sizeof(float));
+        memset(dst + d, 0, (size_t)(n_v * LANES - d) * sizeof(float));
+    }
+    return buf;
+}
+
 static void lane_sums(const vf *acc, int64_t n, float *dst) {
     for (int64_t i = 0; i < n; i++) {
         const float *lanes = (const float *)(acc + i);
@@ -129,22 +172,21 @@ static void lane_sums(const vf *acc, int64_t n, float *dst) {
     }
 }
 
-/* Blocks whose inputs and gradients are kept for one round of weight-gradient accumulation. */
-#define GROUP 8
-#if GROUP % NB
-#error "GROUP must be a multiple of NB"
-#endif
-
 int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                       const float *w1, const float *b1, int act, const float *w2, const void *gy, void *gx,
                       float *gw1, float *gb1, float *gw2, float *gb2) {
-    const int64_t n_acc = din * dh + dh + dh * dout + dout;
+    const int64_t vin = (din + LANES - 1) / LANES, vout = (dout + LANES - 1) / LANES;
+    /* weight-gradient sums: d W1 transposed (dh, din) and d W2 (dh, dout) in vectors along din and
+     * dout (padded to whole vectors); the bias gradients per lane */
+    const int64_t n_acc = dh * vin + dh * vout + dh + dout;
     const int64_t per_block = din + 2 * dh + dout;  /* x, h, d z, gy of one block, kept for the group */
-    vf *buf = malloc((size_t)(GROUP * per_block + NB * (dh + din) + n_acc) * sizeof(vf));
+    const int64_t row_buffers = GROUP * (vin + vout) * LANES;  /* the group's x and gy rows, where converted */
+    vf *buf = malloc((size_t)(GROUP * per_block + NB * (dh + din) + n_acc + row_buffers) * sizeof(vf));
     if (!buf) return -1;
     vf *xs = buf, *hs = xs + GROUP * din, *dzs = hs + GROUP * dh, *gys = dzs + GROUP * dh;
     vf *z = gys + GROUP * dout, *gxv = z + NB * dh;
-    vf *aw1 = gxv + NB * din, *ab1 = aw1 + din * dh, *aw2 = ab1 + dh, *ab2 = aw2 + dh * dout;
+    vf *aw1 = gxv + NB * din, *aw2 = aw1 + dh * vin, *ab1 = aw2 + dh * vout, *ab2 = ab1 + dh;
+    float *x_rows = (float *)(ab2 + dout), *gy_rows = x_rows + GROUP * LANES * vin * LANES;
     const size_t elem = bf16 ? 2 : 4;
     for (int64_t k = 0; k < K; k++) {
         const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
@@ -153,15 +195,14 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
         const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout;
         memset(aw1, 0, (size_t)n_acc * sizeof(vf));
         for (int64_t g0 = 0; g0 < M; g0 += GROUP * LANES) {
-            int64_t blocks = 0;  /* blocks of the group that exist: slots [0, blocks) */
-            for (int64_t r0 = g0; r0 < M && r0 < g0 + GROUP * LANES; r0 += NB * LANES) {
+            const int64_t n = M - g0 < GROUP * LANES ? M - g0 : GROUP * LANES;  /* rows of the group */
+            for (int64_t r0 = g0; r0 < g0 + n; r0 += NB * LANES) {
                 const int64_t slot = (r0 - g0) / LANES;  /* NB slots from here (GROUP is a multiple of NB) */
                 vf *xv = xs + slot * din, *h = hs + slot * dh, *dz = dzs + slot * dh, *gyv = gys + slot * dout;
                 for (int64_t b = 0; b < NB; b++) {  /* lanes past the end: x and gradient 0 */
                     const int64_t lanes = block_lanes(M, r0, b);
                     gather(xk, bf16, r0 + b * LANES, lanes, din, (float *)(xv + b * din));
                     gather(gyk, bf16, r0 + b * LANES, lanes, dout, (float *)(gyv + b * dout));
-                    blocks += lanes > 0;
                 }
                 dense(xv, din, w1k, dh, b1k, dh, z);  /* the hidden layer again, instead of keeping it */
                 activate(z, NB * dh, act, h);
@@ -178,12 +219,15 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
                 for (int64_t b = 0; b < NB; b++)
                     scatter((const float *)(gxv + b * din), bf16, r0 + b * LANES, block_lanes(M, r0, b), din, gxk);
             }
-            outer_accumulate(xs, din, dzs, dh, blocks, aw1);  /* d W1 += xᵀ d z */
-            outer_accumulate(hs, dh, gys, dout, blocks, aw2);  /* d W2 += hᵀ gy */
+            row_outer(dzs, dh, padded_rows(xk, bf16, g0, n, din, vin, x_rows), vin, n, aw1);  /* d W1ᵀ += d zᵀ x */
+            row_outer(hs, dh, padded_rows(gyk, bf16, g0, n, dout, vout, gy_rows), vout, n, aw2);  /* d W2 += hᵀ gy */
         }
-        lane_sums(aw1, din * dh, gw1 + k * din * dh);
+        float *gw1k = gw1 + k * din * dh;
+        for (int64_t c = 0; c < dh; c++)
+            for (int64_t i = 0; i < din; i++) gw1k[i * dh + c] = ((const float *)(aw1 + c * vin))[i];
+        for (int64_t c = 0; c < dh; c++)
+            memcpy(gw2 + (k * dh + c) * dout, aw2 + c * vout, (size_t)dout * sizeof(float));
         lane_sums(ab1, dh, gb1 + k * dh);
-        lane_sums(aw2, dh * dout, gw2 + k * dh * dout);
         lane_sums(ab2, dout, gb2 + k * dout);
     }
     free(buf);
