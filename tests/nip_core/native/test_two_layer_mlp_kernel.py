@@ -147,7 +147,8 @@ def test_sigmoid_at_extreme_values_and_nan():
 @pytest.mark.parametrize("activation", ["sigmoid", "relu"])
 def test_bfloat16_rows_give_the_float32_results_rounded(activation):
     """bf16 rows in, float32 arithmetic: the float32 kernel's numbers on the same values, rounded to
-    nearest even as torch rounds (rows converted a chunk at a time; 150 rows end in a partial block)."""
+    nearest even as torch rounds (rows converted a chunk at a time; 150 rows end in a partial block);
+    the weight gradients, summed over rows converted to float32, equal the float32 kernel's."""
     x, weights = _inputs()
     x_bf16 = x.detach().bfloat16().requires_grad_()
     wide = x_bf16.detach().float().requires_grad_()
@@ -155,5 +156,7 @@ def test_bfloat16_rows_give_the_float32_results_rounded(activation):
     y_wide = stacked_two_layer_mlp(wide, *weights[:2], activation, *weights[2:])
     assert y.dtype == torch.bfloat16 and torch.equal(y, y_wide.bfloat16())
     grad = torch.randn(y.shape).bfloat16()
-    (got,), (want,) = torch.autograd.grad(y, [x_bf16], grad), torch.autograd.grad(y_wide, [wide], grad.float())
-    assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())
+    got, want = torch.autograd.grad(y, [x_bf16, *weights], grad), torch.autograd.grad(y_wide, [wide, *weights],
+                                                                                     grad.float())
+    assert got[0].dtype == torch.bfloat16 and torch.equal(got[0], want[0].bfloat16())
+    assert all(g.dtype == torch.float32 and torch.equal(g, w) for g, w in zip(got[1:], want[1:]))
