@@ -14,6 +14,12 @@
  * Weight gradients are products over the rows: each weight's sum runs over a group of rows in
  * order, and the groups' sums are added in order; bias gradients are summed per lane over the
  * blocks, then over the lanes in order.
+ *
+ * rows (n_rows ascending row indices, or NULL for all M rows) are the rows computed: the others'
+ * outputs are left as they are (the caller zeroes y) and their gradients, taken as zero, are not
+ * read; their input gradients are left as they are (the caller zeroes gx). A GI body's GNN has
+ * no use for the padding nodes' rows (the next layer's aggregation and the GNN's output mask
+ * them), ~18 % of the rows in the paper's workload.
  */
 #include "lanes.h"
 
@@ -82,24 +88,67 @@ static inline int64_t block_lanes(int64_t M, int64_t r0, int64_t b) {
     return left <= 0 ? 0 : left < LANES ? left : LANES;
 }
 
+/* Row position p of the computed rows: rows[p], or p itself when every row is computed. */
+static inline int64_t row_index(const int64_t *rows, int64_t p) { return rows ? rows[p] : p; }
+
+/* gather (lanes.h) of the block of `lanes` computed rows from position p of an (M, n) tensor; with
+ * a row list, float32 rows are read in place, bfloat16 ones first copied together into tmp (LANES
+ * rows of n values). */
+static inline void gather_block(const void *src, int bf16, const int64_t *rows, int64_t p, int64_t lanes, int64_t n,
+                                void *tmp, float *dst) {
+    if (!rows) {
+        gather(src, bf16, p, lanes, n, dst);
+    } else if (!bf16) {
+        const float *row[LANES];
+        for (int64_t v = 0; v < LANES; v++) row[v] = (const float *)src + rows[p + (v < lanes ? v : 0)] * n;
+        for (int64_t e = 0; e < n; e++)
+            for (int64_t v = 0; v < LANES; v++) dst[e * LANES + v] = v < lanes ? row[v][e] : 0.0f;
+    } else {
+        for (int64_t v = 0; v < lanes; v++)
+            memcpy((uint16_t *)tmp + v * n, (const uint16_t *)src + rows[p + v] * n, (size_t)n * 2);
+        gather(tmp, bf16, 0, lanes, n, dst);
+    }
+}
+
+/* scatter (lanes.h) of a block to the computed rows from position p (bfloat16 ones through tmp). */
+static inline void scatter_block(const float *src, int bf16, const int64_t *rows, int64_t p, int64_t lanes,
+                                 int64_t n, void *tmp, void *dst) {
+    if (!rows) {
+        scatter(src, bf16, p, lanes, n, dst);
+    } else if (!bf16) {
+        for (int64_t v = 0; v < lanes; v++) {
+            float *row = (float *)dst + rows[p + v] * n;
+            for (int64_t e = 0; e < n; e++) row[e] = src[e * LANES + v];
+        }
+    } else {
+        scatter(src, bf16, 0, lanes, n, tmp);
+        for (int64_t v = 0; v < lanes; v++)
+            memcpy((uint16_t *)dst + rows[p + v] * n, (const uint16_t *)tmp + v * n, (size_t)n * 2);
+    }
+}
+
 int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
-                     const float *w1, const float *b1, int act, const float *w2, const float *b2, void *y) {
-    vf *buf = malloc((size_t)(NB * (din + 2 * dh + dout)) * sizeof(vf));
+                     const float *w1, const float *b1, int act, const float *w2, const float *b2, void *y,
+                     const int64_t *rows, int64_t n_rows) {
+    const int64_t wide = din > dout ? din : dout;
+    vf *buf = malloc((size_t)(NB * (din + 2 * dh + dout) + wide) * sizeof(vf));
     if (!buf) return -1;
-    vf *xv = buf, *z = xv + NB * din, *h = z + NB * dh, *out = h + NB * dh;
+    vf *xv = buf, *z = xv + NB * din, *h = z + NB * dh, *out = h + NB * dh, *tmp = out + NB * dout;
     const size_t elem = bf16 ? 2 : 4;
+    const int64_t P = rows ? n_rows : M;  /* rows computed */
     for (int64_t k = 0; k < K; k++) {
         const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
         char *yk = (char *)y + (size_t)(k * M * dout) * elem;
         const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout, *b2k = b2 + k * dout;
-        for (int64_t r0 = 0; r0 < M; r0 += NB * LANES) {
+        for (int64_t r0 = 0; r0 < P; r0 += NB * LANES) {
             for (int64_t b = 0; b < NB; b++)  /* a block past the end is zeros, computed and dropped */
-                gather(xk, bf16, r0 + b * LANES, block_lanes(M, r0, b), din, (float *)(xv + b * din));
+                gather_block(xk, bf16, rows, r0 + b * LANES, block_lanes(P, r0, b), din, tmp, (float *)(xv + b * din));
             dense(xv, din, w1k, dh, b1k, dh, z);
             activate(z, NB * dh, act, h);
             dense(h, dh, w2k, dout, b2k, dout, out);
             for (int64_t b = 0; b < NB; b++)
-                scatter((const float *)(out + b * dout), bf16, r0 + b * LANES, block_lanes(M, r0, b), dout, yk);
+                scatter_block((const float *)(out + b * dout), bf16, rows, r0 + b * LANES, block_lanes(P, r0, b), dout,
+                              tmp, yk);
         }
     }
     free(buf);
@@ -121,13 +170,13 @@ int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout
 #endif
 
 /* row_outer for the result rows c0 .. c0 + width and vector v (width a constant where inlined). */
-static inline void row_outer_part(const float *t, int64_t n_c, const float *rows, int64_t n_v, int64_t n,
-                                  int64_t c0, int64_t v, int64_t width, vf *acc) {
+static inline void row_outer_part(const float *t, int64_t n_c, const float *const *rows, int64_t n, int64_t c0,
+                                  int64_t v, int64_t width, vf *acc, int64_t n_v) {
     vf sum[ROW_BLOCK];
     for (int64_t j = 0; j < width; j++) sum[j] = splat(0.0f);
     for (int64_t r = 0; r < n; r++) {
         vf row;
-        memcpy(&row, rows + (r * n_v + v) * LANES, sizeof row);
+        memcpy(&row, rows[r] + v * LANES, sizeof row);
         const float *tr = t + ((r / LANES) * n_c + c0) * LANES + r % LANES;
         for (int64_t j = 0; j < width; j++) sum[j] += splat(tr[j * LANES]) * row;
     }
@@ -137,30 +186,38 @@ static inline void row_outer_part(const float *t, int64_t n_c, const float *rows
 /* acc[c][v] += Σ_r lane_t[c][r] rows[r][v] over the group's n rows r, for c < n_c (a multiple of
  * CHUNK) and v < n_v vectors: the weight-gradient sums as a product over rows. The lane-layout
  * operand (lane_t: the group's blocks of n_c vectors, lane l of block s being row s LANES + l) is
- * broadcast a value at a time, the row-major one (rows of n_v vectors) loaded a vector at a time.
- * Each (c, v) sums the group's rows in order in a register and then adds that to acc, so the
- * accumulators stay in registers over a group and acc (n_c n_v vectors) in the first-level cache. */
-static inline void row_outer(const vf *lane_t, int64_t n_c, const float *rows, int64_t n_v, int64_t n, vf *acc) {
+ * broadcast a value at a time, the row-major one (row r of n_v vectors at rows[r]) loaded a vector
+ * at a time. Each (c, v) sums the group's rows in order in a register and then adds that to acc,
+ * so the accumulators stay in registers over a group and acc (n_c n_v vectors) in the first-level
+ * cache. */
+static inline void row_outer(const vf *lane_t, int64_t n_c, const float *const *rows, int64_t n_v, int64_t n,
+                             vf *acc) {
     for (int64_t v = 0; v < n_v; v++) {
         int64_t c0 = 0;
         for (; c0 + ROW_BLOCK <= n_c; c0 += ROW_BLOCK)
-            row_outer_part((const float *)lane_t, n_c, rows, n_v, n, c0, v, ROW_BLOCK, acc);
-        for (; c0 < n_c; c0 += CHUNK) row_outer_part((const float *)lane_t, n_c, rows, n_v, n, c0, v, CHUNK, acc);
+            row_outer_part((const float *)lane_t, n_c, rows, n, c0, v, ROW_BLOCK, acc, n_v);
+        for (; c0 < n_c; c0 += CHUNK) row_outer_part((const float *)lane_t, n_c, rows, n, c0, v, CHUNK, acc, n_v);
     }
 }
 
-/* Rows g0 .. g0 + n of a (M, d) float32 or bfloat16 tensor as float32 rows of n_v vectors (the
- * padding zero): in place where they are float32 and d is n_v vectors, else converted into buf. */
-static inline const float *padded_rows(const void *src, int bf16, int64_t g0, int64_t n, int64_t d, int64_t n_v,
-                                       float *buf) {
-    if (!bf16 && d == n_v * LANES) return (const float *)src + g0 * d;
+/* row_outer's rows: the computed rows at positions g0 .. g0 + n of a (M, d) float32 or bfloat16
+ * tensor as float32 rows of n_v vectors (the padding zero), in place where they are float32 and d
+ * is n_v vectors, else copied (converted) into buf; their addresses in ptr. */
+static inline const float *const *group_rows(const void *src, int bf16, const int64_t *rows, int64_t g0, int64_t n,
+                                             int64_t d, int64_t n_v, float *buf, const float **ptr) {
     for (int64_t r = 0; r < n; r++) {
+        const int64_t at = row_index(rows, g0 + r) * d;
+        if (!bf16 && d == n_v * LANES) {
+            ptr[r] = (const float *)src + at;
+            continue;
+        }
         float *dst = buf + r * n_v * LANES;
-        if (bf16) bf16_to_float_n((const uint16_t *)src + (g0 + r) * d, d, dst);
-        else memcpy(dst, (const float *)src + (g0 + r) * d, (size_t)d * sizeof(float));
+        if (bf16) bf16_to_float_n((const uint16_t *)src + at, d, dst);
+        else memcpy(dst, (const float *)src + at, (size_t)d * sizeof(float));
         memset(dst + d, 0, (size_t)(n_v * LANES - d) * sizeof(float));
+        ptr[r] = dst;
     }
-    return buf;
+    return ptr;
 }
 
 static void lane_sums(const vf *acc, int64_t n, float *dst) {
@@ -174,19 +231,23 @@ static void lane_sums(const vf *acc, int64_t n, float *dst) {
 
 int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                       const float *w1, const float *b1, int act, const float *w2, const void *gy, void *gx,
-                      float *gw1, float *gb1, float *gw2, float *gb2) {
+                      float *gw1, float *gb1, float *gw2, float *gb2, const int64_t *rows, int64_t n_rows) {
+    const int64_t P = rows ? n_rows : M;  /* rows computed */
+    const int64_t wide = din > dout ? din : dout;
     const int64_t vin = (din + LANES - 1) / LANES, vout = (dout + LANES - 1) / LANES;
     /* weight-gradient sums: d W1 transposed (dh, din) and d W2 (dh, dout) in vectors along din and
      * dout (padded to whole vectors); the bias gradients per lane */
     const int64_t n_acc = dh * vin + dh * vout + dh + dout;
     const int64_t per_block = din + 2 * dh + dout;  /* x, h, d z, gy of one block, kept for the group */
     const int64_t row_buffers = GROUP * (vin + vout) * LANES;  /* the group's x and gy rows, where converted */
-    vf *buf = malloc((size_t)(GROUP * per_block + NB * (dh + din) + n_acc + row_buffers) * sizeof(vf));
+    vf *buf = malloc((size_t)(GROUP * per_block + NB * (dh + din) + n_acc + row_buffers + wide) * sizeof(vf));
     if (!buf) return -1;
     vf *xs = buf, *hs = xs + GROUP * din, *dzs = hs + GROUP * dh, *gys = dzs + GROUP * dh;
     vf *z = gys + GROUP * dout, *gxv = z + NB * dh;
     vf *aw1 = gxv + NB * din, *aw2 = aw1 + dh * vin, *ab1 = aw2 + dh * vout, *ab2 = ab1 + dh;
     float *x_rows = (float *)(ab2 + dout), *gy_rows = x_rows + GROUP * LANES * vin * LANES;
+    vf *tmp = (vf *)(gy_rows + GROUP * LANES * vout * LANES);
+    const float *row_ptr[GROUP * LANES];
     const size_t elem = bf16 ? 2 : 4;
     for (int64_t k = 0; k < K; k++) {
         const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
@@ -194,15 +255,15 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
         char *gxk = (char *)gx + (size_t)(k * M * din) * elem;
         const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout;
         memset(aw1, 0, (size_t)n_acc * sizeof(vf));
-        for (int64_t g0 = 0; g0 < M; g0 += GROUP * LANES) {
-            const int64_t n = M - g0 < GROUP * LANES ? M - g0 : GROUP * LANES;  /* rows of the group */
+        for (int64_t g0 = 0; g0 < P; g0 += GROUP * LANES) {
+            const int64_t n = P - g0 < GROUP * LANES ? P - g0 : GROUP * LANES;  /* rows of the group */
             for (int64_t r0 = g0; r0 < g0 + n; r0 += NB * LANES) {
                 const int64_t slot = (r0 - g0) / LANES;  /* NB slots from here (GROUP is a multiple of NB) */
                 vf *xv = xs + slot * din, *h = hs + slot * dh, *dz = dzs + slot * dh, *gyv = gys + slot * dout;
                 for (int64_t b = 0; b < NB; b++) {  /* lanes past the end: x and gradient 0 */
-                    const int64_t lanes = block_lanes(M, r0, b);
-                    gather(xk, bf16, r0 + b * LANES, lanes, din, (float *)(xv + b * din));
-                    gather(gyk, bf16, r0 + b * LANES, lanes, dout, (float *)(gyv + b * dout));
+                    const int64_t lanes = block_lanes(P, r0, b);
+                    gather_block(xk, bf16, rows, r0 + b * LANES, lanes, din, tmp, (float *)(xv + b * din));
+                    gather_block(gyk, bf16, rows, r0 + b * LANES, lanes, dout, tmp, (float *)(gyv + b * dout));
                 }
                 dense(xv, din, w1k, dh, b1k, dh, z);  /* the hidden layer again, instead of keeping it */
                 activate(z, NB * dh, act, h);
@@ -211,16 +272,19 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
                     for (int64_t c = 0; c < NB * dh; c++) dz[c] = dz[c] * h[c] * (1.0f - h[c]);
                 else
                     for (int64_t c = 0; c < NB * dh; c++) dz[c] = lane_select(z[c] > 0.0f, dz[c], splat(0.0f));
-                for (int64_t b = 0; b < NB && block_lanes(M, r0, b) > 0; b++) {
+                for (int64_t b = 0; b < NB && block_lanes(P, r0, b) > 0; b++) {
                     for (int64_t c = 0; c < dh; c++) ab1[c] += dz[b * dh + c];
                     for (int64_t e = 0; e < dout; e++) ab2[e] += gyv[b * dout + e];
                 }
                 dense_t(dz, dh, w1k, dh, din, gxv);  /* d x = d z W1ᵀ */
                 for (int64_t b = 0; b < NB; b++)
-                    scatter((const float *)(gxv + b * din), bf16, r0 + b * LANES, block_lanes(M, r0, b), din, gxk);
+                    scatter_block((const float *)(gxv + b * din), bf16, rows, r0 + b * LANES, block_lanes(P, r0, b),
+                                  din, tmp, gxk);
             }
-            row_outer(dzs, dh, padded_rows(xk, bf16, g0, n, din, vin, x_rows), vin, n, aw1);  /* d W1ᵀ += d zᵀ x */
-            row_outer(hs, dh, padded_rows(gyk, bf16, g0, n, dout, vout, gy_rows), vout, n, aw2);  /* d W2 += hᵀ gy */
+            row_outer(dzs, dh, group_rows(xk, bf16, rows, g0, n, din, vin, x_rows, row_ptr), vin, n,
+                      aw1);  /* d W1ᵀ += d zᵀ x */
+            row_outer(hs, dh, group_rows(gyk, bf16, rows, g0, n, dout, vout, gy_rows, row_ptr), vout, n,
+                      aw2);  /* d W2 += hᵀ gy */
         }
         float *gw1k = gw1 + k * din * dh;
         for (int64_t c = 0; c < dh; c++)

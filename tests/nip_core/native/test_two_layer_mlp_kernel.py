@@ -97,13 +97,14 @@ def test_folded_tanh_is_tanh():
                                atol=1e-5)
 
 
-def test_second_derivatives_go_through_the_composition():
-    """SPG differentiates the policy's gradient again."""
+@pytest.mark.parametrize("rows", [None, torch.tensor([0, 1, 2, 5, 6, 11, 12, 13, 19])])
+def test_second_derivatives_go_through_the_composition(rows):
+    """SPG differentiates the policy's gradient again (with ``rows``: of the listed rows alone)."""
     x, weights = _inputs(M=20)
-    y = stacked_two_layer_mlp(x, *weights[:2], "sigmoid", *weights[2:])
+    y = stacked_two_layer_mlp(x, *weights[:2], "sigmoid", *weights[2:], rows=rows)
     (grad_x,) = torch.autograd.grad((y ** 2).sum(), x, create_graph=True)
     got = torch.autograd.grad((grad_x ** 2).sum(), weights)
-    ref_inputs = _float64([x, *weights])
+    ref_inputs = _float64([x if rows is None else x[:, rows], *weights])
     y64 = _composed(ref_inputs[0], *ref_inputs[1:3], "sigmoid", *ref_inputs[3:])
     (grad_x64,) = torch.autograd.grad((y64 ** 2).sum(), ref_inputs[0], create_graph=True)
     want = torch.autograd.grad((grad_x64 ** 2).sum(), ref_inputs[1:])
@@ -160,3 +161,34 @@ def test_bfloat16_rows_give_the_float32_results_rounded(activation):
                                                                                      grad.float())
     assert got[0].dtype == torch.bfloat16 and torch.equal(got[0], want[0].bfloat16())
     assert all(g.dtype == torch.float32 and torch.equal(g, w) for g, w in zip(got[1:], want[1:]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["sigmoid", "relu"])
+def test_rows_are_those_of_the_kernel_on_the_rows_alone_and_the_others_zero(activation, dtype):
+    """``rows``: the kernel computes the listed rows as it computes a tensor of those rows alone
+    (bit for bit, weight gradients included: the same rows in the same order), writes 0 to every
+    other row and passes those rows no gradient. 150 rows, 97 of them listed (ends in a partial
+    block; gaps of several rows, as a GI graph's padding nodes)."""
+    x, weights = _inputs(dtype=dtype)
+    x = x.detach().requires_grad_()
+    keep = torch.ones(150, dtype=torch.bool)
+    keep[torch.randperm(150, generator=torch.Generator().manual_seed(3))[:53]] = False
+    rows = keep.nonzero().squeeze(1)
+    y = stacked_two_layer_mlp(x, *weights[:2], activation, *weights[2:], rows=rows)
+    assert type(y.grad_fn).__name__ == "_NativeStackedMlpBackward" and y.shape == (2, 150, 8)
+    alone_x = x.detach()[:, rows].requires_grad_()
+    alone = stacked_two_layer_mlp(alone_x, *weights[:2], activation, *weights[2:])
+    assert torch.equal(y[:, rows], alone) and (y[:, ~keep] == 0).all()
+    grad = torch.randn(y.shape).to(dtype)
+    got = torch.autograd.grad(y, [x, *weights], grad)
+    want = torch.autograd.grad(alone, [alone_x, *weights], grad[:, rows])
+    assert torch.equal(got[0][:, rows], want[0]) and (got[0][:, ~keep] == 0).all()
+    assert all(torch.equal(g, w) for g, w in zip(got[1:], want[1:]))
+    # the batched products (a size the kernel does not take) give the same function
+    x6, weights6 = _inputs(din=6)
+    y6 = stacked_two_layer_mlp(x6, *weights6[:2], activation, *weights6[2:], rows=rows)
+    assert type(y6.grad_fn).__name__ != "_NativeStackedMlpBackward" and (y6[:, ~keep] == 0).all()
+    torch.testing.assert_close(y6[:, rows], stacked_two_layer_mlp(x6[:, rows], *weights6[:2], activation, *weights6[2:]))
+    (grad_x6,) = torch.autograd.grad(y6.sum(), x6)
+    assert (grad_x6[:, ~keep] == 0).all() and (grad_x6[:, rows] != 0).any()

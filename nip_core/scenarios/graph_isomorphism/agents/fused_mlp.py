@@ -24,9 +24,9 @@ CHUNK = 8  # two_layer_mlp.c's register blocking
 
 def _declare(library: ctypes.CDLL) -> None:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    library.nip_mlp2_forward.argtypes = [i64, i64, i64, i64, i64, ptr, i32, ptr, ptr, i32, ptr, ptr, ptr]
+    library.nip_mlp2_forward.argtypes = [i64, i64, i64, i64, i64, ptr, i32, ptr, ptr, i32, ptr, ptr, ptr, ptr, i64]
     library.nip_mlp2_backward.argtypes = [i64, i64, i64, i64, i64, ptr, i32, ptr, ptr, i32, ptr, ptr, ptr,
-                                          ptr, ptr, ptr, ptr]
+                                          ptr, ptr, ptr, ptr, ptr, i64]
     library.nip_mlp2_forward.restype = library.nip_mlp2_backward.restype = ctypes.c_int
 
 
@@ -34,49 +34,60 @@ def _kernel() -> ctypes.CDLL | None:
     return load("two_layer_mlp", _declare)
 
 
-def _composed(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2: Tensor, b2: Tensor) -> Tensor:
+def _composed(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2: Tensor, b2: Tensor,
+              rows: Tensor | None = None) -> Tensor:
+    if rows is not None:  # every row computed, then the others set to 0 (cheaper than gathering the rows)
+        left_out = torch.ones(x.shape[1], dtype=torch.bool, device=x.device).index_fill_(0, rows, False)
+        return _composed(x, w1, b1, activation, w2, b2).index_fill(1, left_out.nonzero().squeeze(1), 0)
     hidden = torch.baddbmm(b1.unsqueeze(1), x, w1)
     hidden = torch.sigmoid(hidden) if activation == "sigmoid" else torch.relu(hidden)
     return torch.baddbmm(b2.unsqueeze(1), hidden, w2)
+
+
+def _row_list(rows: Tensor | None) -> tuple[int | None, int]:
+    """The kernel's ``rows, n_rows`` arguments (``NULL`` for all rows)."""
+    return (None, 0) if rows is None else (rows.data_ptr(), rows.numel())
 
 
 class _NativeStackedMlp(torch.autograd.Function):
     """:func:`stacked_two_layer_mlp` by the C kernel; differentiated twice through the composition."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, activation: str) -> Tensor:
+    def forward(ctx, x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, activation: str,
+                rows: Tensor | None) -> Tensor:
         K, M, din = x.shape
         dh, dout = w1.shape[-1], w2.shape[-1]
-        y = x.new_empty(K, M, dout)
+        y = x.new_empty(K, M, dout) if rows is None else x.new_zeros(K, M, dout)
         kernel = _kernel()
         status = kernel.nip_mlp2_forward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
                                          w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[activation], w2.data_ptr(),
-                                         b2.data_ptr(), y.data_ptr())
+                                         b2.data_ptr(), y.data_ptr(), *_row_list(rows))
         check_status(status, "two_layer_mlp")
-        ctx.save_for_backward(x, w1, b1, w2, b2)
+        ctx.save_for_backward(x, w1, b1, w2, b2, rows)
         ctx.activation, ctx.kernel = activation, kernel
         return y
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):
-        x, w1, b1, w2, b2 = ctx.saved_tensors
+        x, w1, b1, w2, b2, rows = ctx.saved_tensors
         if torch.is_grad_enabled():  # differentiating the backward: through the composition
             inputs = (x, w1, b1, w2, b2)
             wanted = [t for t in inputs if t.requires_grad]
-            grads = iter(torch.autograd.grad(_composed(x, w1, b1, ctx.activation, w2, b2), wanted, grad_y,
+            grads = iter(torch.autograd.grad(_composed(x, w1, b1, ctx.activation, w2, b2, rows), wanted, grad_y,
                                              create_graph=True))
-            return (*(next(grads) if t.requires_grad else None for t in inputs), None)
+            return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)
         K, M, din = x.shape
         dh, dout = w1.shape[-1], w2.shape[-1]
         grad_y = grad_y.to(x.dtype).contiguous()
-        grad_x, grad_w1, grad_b1, grad_w2, grad_b2 = (torch.empty_like(t) for t in (x, w1, b1, w2, b2))
+        grad_x = torch.empty_like(x) if rows is None else torch.zeros_like(x)
+        grad_w1, grad_b1, grad_w2, grad_b2 = (torch.empty_like(t) for t in (w1, b1, w2, b2))
         status = ctx.kernel.nip_mlp2_backward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
                                               w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[ctx.activation],
                                               w2.data_ptr(), grad_y.data_ptr(), grad_x.data_ptr(),
                                               grad_w1.data_ptr(), grad_b1.data_ptr(), grad_w2.data_ptr(),
-                                              grad_b2.data_ptr())
+                                              grad_b2.data_ptr(), *_row_list(rows))
         check_status(status, "two_layer_mlp")
-        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None
+        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None, None
 
 
 def native_mlp_applies(x: Tensor, activation: str, sizes: tuple[int, ...]) -> bool:
@@ -87,11 +98,15 @@ def native_mlp_applies(x: Tensor, activation: str, sizes: tuple[int, ...]) -> bo
 
 
 @torch.compiler.disable
-def stacked_two_layer_mlp(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2: Tensor, b2: Tensor) -> Tensor:
+def stacked_two_layer_mlp(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2: Tensor, b2: Tensor,
+                          rows: Tensor | None = None) -> Tensor:
     """``act(x[k] w1[k] + b1[k]) w2[k] + b2[k]`` for every ``k``: ``(K, M, dout)``.
 
     ``x`` is ``(K, M, din)``, ``w1`` ``(K, din, dh)``, ``b1`` ``(K, dh)``, ``w2`` ``(K, dh, dout)``,
-    ``b2`` ``(K, dout)``; ``activation`` is ``"relu"`` or ``"sigmoid"``. Under autocast on a CPU
+    ``b2`` ``(K, dout)``; ``activation`` is ``"relu"`` or ``"sigmoid"``. ``rows`` (ascending int64
+    indices into ``M``, the same for every ``k``), when given, are the rows computed: every other
+    row of the result is 0 (and passes no gradient back). A GI body's GNN leaves the padding
+    nodes out this way. Under autocast on a CPU
     with native bf16 the batched products run in the autocast dtype (there they are faster than
     the kernel's float32 arithmetic: measured 1.07x against 1.25-1.33x over f717b65 with the
     kernel under bf16, docs/performance.md). Otherwise float32 rows, and under CPU autocast
@@ -101,20 +116,21 @@ def stacked_two_layer_mlp(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2
     if autocast_enabled(x):
         dtype = torch.get_autocast_dtype(x.device.type)
         if x.device.type != "cpu" or dtype != torch.bfloat16 or cpu_has_native_bf16():
-            return _composed(x.to(dtype), w1, b1, activation, w2, b2)
+            return _composed(x.to(dtype), w1, b1, activation, w2, b2, rows)
         x = x.to(dtype)
         w1, b1, w2, b2 = (t.to(dtype) for t in (w1, b1, w2, b2))
     if native_mlp_applies(x, activation, (x.shape[-1], w1.shape[-1], w2.shape[-1])):
         weights = [t.to(torch.float32).contiguous() for t in (w1, b1, w2, b2)]
-        return _NativeStackedMlp.apply(x.contiguous(), *weights, activation)
-    return _composed(x, w1, b1, activation, w2, b2)
+        return _NativeStackedMlp.apply(x.contiguous(), *weights, activation, rows)
+    return _composed(x, w1, b1, activation, w2, b2, rows)
 
 
-def folded_tanh_mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> Tensor:
+def folded_tanh_mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None,
+                    rows: Tensor | None = None) -> Tensor:
     """``tanh(x w1 + b1) w2 + b2`` per body as :func:`~nip_core.agents.mlp.two_layer_mlp` folds it:
     ``tanh(z) = 2 sigmoid(2z) - 1``, the factors and the shift moved into the weights (made per
-    call, so autograd carries their gradients to the parameters). Shapes as
+    call, so autograd carries their gradients to the parameters). Shapes and ``rows`` as
     :func:`stacked_two_layer_mlp`; ``None`` biases are zero."""
     b1 = torch.zeros_like(w1[:, 0]) if b1 is None else b1
     shift = -w2.sum(1) if b2 is None else b2 - w2.sum(1)
-    return stacked_two_layer_mlp(x, 2 * w1, 2 * b1, "sigmoid", 2 * w2, shift)
+    return stacked_two_layer_mlp(x, 2 * w1, 2 * b1, "sigmoid", 2 * w2, shift, rows)
