@@ -55,7 +55,7 @@ static inline float load_scalar(const void *src, int bf16, int64_t at) {
 }
 
 static inline vf activate(vf x, int act) {
-    if (act == 1) return 1.0f - 2.0f * vsigmoid(-2.0f * x);
+    if (act == 1) return vtanh(x);
     return lane_select(x > 0.0f, x, splat(0.0f));
 }
 

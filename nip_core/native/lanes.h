@@ -124,6 +124,9 @@ static inline vf vsigmoid(vf z) {
 static inline vf vsigmoid(vf z) { return 1.0f / (1.0f + vexp(-z)); }
 #endif
 
+/* tanh(x) = 1 - 2 sigmoid(-2x), through vsigmoid (a NaN stays NaN). */
+static inline vf vtanh(vf x) { return 1.0f - 2.0f * vsigmoid(-2.0f * x); }
+
 static inline float bf16_to_float(uint16_t v) {
     uint32_t bits = (uint32_t)v << 16;
     float out;

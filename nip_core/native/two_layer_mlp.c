@@ -10,7 +10,9 @@
  *
  * x, y and their gradients are float32 or bfloat16 (bf16 == 1) in memory, (K, M, d) row-major;
  * weights and their gradients are float32: W1 (K, din, dh), b1 (K, dh), W2 (K, dh, dout),
- * b2 (K, dout). Arithmetic is float32, each lane in a fixed order. act: 0 relu, 1 sigmoid.
+ * b2 (K, dout), the biases and all gradients contiguous, the weights of any strides (`strides`:
+ * W1's three, then W2's; a transposed nn.Linear weight is read where it lies). Arithmetic is
+ * float32, each lane in a fixed order. act: 0 relu, 1 sigmoid, 2 tanh (lanes.h's vtanh).
  * Weight gradients are products over the rows: each weight's sum runs over a group of rows in
  * order, and the groups' sums are added in order; bias gradients are summed per lane over the
  * blocks, then over the lanes in order.
@@ -78,6 +80,8 @@ static inline void dense_t(const vf *in, int64_t n_in, const float *w, int64_t s
 static inline void activate(const vf *z, int64_t n, int act, vf *h) {
     if (act == 1)
         for (int64_t c = 0; c < n; c++) h[c] = vsigmoid(z[c]);
+    else if (act == 2)
+        for (int64_t c = 0; c < n; c++) h[c] = vtanh(z[c]);
     else
         for (int64_t c = 0; c < n; c++) h[c] = lane_select(z[c] > 0.0f, z[c], splat(0.0f));
 }
@@ -86,6 +90,17 @@ static inline void activate(const vf *z, int64_t n, int act, vf *h) {
 static inline int64_t block_lanes(int64_t M, int64_t r0, int64_t b) {
     const int64_t left = M - (r0 + b * LANES);
     return left <= 0 ? 0 : left < LANES ? left : LANES;
+}
+
+/* Body k's (n_a, n_b) weights, strides s[0], s[1], s[2]: in place where row-major, else copied into
+ * dst. */
+static inline const float *weights_of(const float *w, int64_t k, int64_t n_a, int64_t n_b, const int64_t *s,
+                                      float *dst) {
+    const float *wk = w + k * s[0];
+    if (s[1] == n_b && s[2] == 1) return wk;
+    for (int64_t a = 0; a < n_a; a++)
+        for (int64_t b = 0; b < n_b; b++) dst[a * n_b + b] = wk[a * s[1] + b * s[2]];
+    return dst;
 }
 
 /* Row position p of the computed rows: rows[p], or p itself when every row is computed. */
@@ -129,17 +144,20 @@ static inline void scatter_block(const float *src, int bf16, const int64_t *rows
 
 int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                      const float *w1, const float *b1, int act, const float *w2, const float *b2, void *y,
-                     const int64_t *rows, int64_t n_rows) {
+                     const int64_t *rows, int64_t n_rows, const int64_t *strides) {
     const int64_t wide = din > dout ? din : dout;
-    vf *buf = malloc((size_t)(NB * (din + 2 * dh + dout) + wide) * sizeof(vf));
+    vf *buf = malloc((size_t)(NB * (din + 2 * dh + dout) + wide) * sizeof(vf) +
+                     (size_t)(din * dh + dh * dout) * sizeof(float));
     if (!buf) return -1;
     vf *xv = buf, *z = xv + NB * din, *h = z + NB * dh, *out = h + NB * dh, *tmp = out + NB * dout;
+    float *w1_copy = (float *)(tmp + wide), *w2_copy = w1_copy + din * dh;
     const size_t elem = bf16 ? 2 : 4;
     const int64_t P = rows ? n_rows : M;  /* rows computed */
     for (int64_t k = 0; k < K; k++) {
         const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
         char *yk = (char *)y + (size_t)(k * M * dout) * elem;
-        const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout, *b2k = b2 + k * dout;
+        const float *w1k = weights_of(w1, k, din, dh, strides, w1_copy), *b1k = b1 + k * dh;
+        const float *w2k = weights_of(w2, k, dh, dout, strides + 3, w2_copy), *b2k = b2 + k * dout;
         for (int64_t r0 = 0; r0 < P; r0 += NB * LANES) {
             for (int64_t b = 0; b < NB; b++)  /* a block past the end is zeros, computed and dropped */
                 gather_block(xk, bf16, rows, r0 + b * LANES, block_lanes(P, r0, b), din, tmp, (float *)(xv + b * din));
@@ -231,7 +249,8 @@ static void lane_sums(const vf *acc, int64_t n, float *dst) {
 
 int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                       const float *w1, const float *b1, int act, const float *w2, const void *gy, void *gx,
-                      float *gw1, float *gb1, float *gw2, float *gb2, const int64_t *rows, int64_t n_rows) {
+                      float *gw1, float *gb1, float *gw2, float *gb2, const int64_t *rows, int64_t n_rows,
+                      const int64_t *strides) {
     const int64_t P = rows ? n_rows : M;  /* rows computed */
     const int64_t wide = din > dout ? din : dout;
     const int64_t vin = (din + LANES - 1) / LANES, vout = (dout + LANES - 1) / LANES;
@@ -240,20 +259,23 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
     const int64_t n_acc = dh * vin + dh * vout + dh + dout;
     const int64_t per_block = din + 2 * dh + dout;  /* x, h, d z, gy of one block, kept for the group */
     const int64_t row_buffers = GROUP * (vin + vout) * LANES;  /* the group's x and gy rows, where converted */
-    vf *buf = malloc((size_t)(GROUP * per_block + NB * (dh + din) + n_acc + row_buffers + wide) * sizeof(vf));
+    vf *buf = malloc((size_t)(GROUP * per_block + NB * (dh + din) + n_acc + row_buffers + wide) * sizeof(vf) +
+                     (size_t)(din * dh + dh * dout) * sizeof(float));
     if (!buf) return -1;
     vf *xs = buf, *hs = xs + GROUP * din, *dzs = hs + GROUP * dh, *gys = dzs + GROUP * dh;
     vf *z = gys + GROUP * dout, *gxv = z + NB * dh;
     vf *aw1 = gxv + NB * din, *aw2 = aw1 + dh * vin, *ab1 = aw2 + dh * vout, *ab2 = ab1 + dh;
     float *x_rows = (float *)(ab2 + dout), *gy_rows = x_rows + GROUP * LANES * vin * LANES;
     vf *tmp = (vf *)(gy_rows + GROUP * LANES * vout * LANES);
+    float *w1_copy = (float *)(tmp + wide), *w2_copy = w1_copy + din * dh;
     const float *row_ptr[GROUP * LANES];
     const size_t elem = bf16 ? 2 : 4;
     for (int64_t k = 0; k < K; k++) {
         const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
         const char *gyk = (const char *)gy + (size_t)(k * M * dout) * elem;
         char *gxk = (char *)gx + (size_t)(k * M * din) * elem;
-        const float *w1k = w1 + k * din * dh, *b1k = b1 + k * dh, *w2k = w2 + k * dh * dout;
+        const float *w1k = weights_of(w1, k, din, dh, strides, w1_copy), *b1k = b1 + k * dh;
+        const float *w2k = weights_of(w2, k, dh, dout, strides + 3, w2_copy);
         memset(aw1, 0, (size_t)n_acc * sizeof(vf));
         for (int64_t g0 = 0; g0 < P; g0 += GROUP * LANES) {
             const int64_t n = P - g0 < GROUP * LANES ? P - g0 : GROUP * LANES;  /* rows of the group */
@@ -270,6 +292,8 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
                 dense_t(gyv, dout, w2k, dout, dh, dz);  /* d h = gy W2ᵀ */
                 if (act == 1)
                     for (int64_t c = 0; c < NB * dh; c++) dz[c] = dz[c] * h[c] * (1.0f - h[c]);
+                else if (act == 2)
+                    for (int64_t c = 0; c < NB * dh; c++) dz[c] = dz[c] * (1.0f - h[c] * h[c]);
                 else
                     for (int64_t c = 0; c < NB * dh; c++) dz[c] = lane_select(z[c] > 0.0f, dz[c], splat(0.0f));
                 for (int64_t b = 0; b < NB && block_lanes(P, r0, b) > 0; b++) {

@@ -28,7 +28,7 @@ def _float64(tensors):
 
 
 @pytest.mark.parametrize("rows", [150, 40, 5])
-@pytest.mark.parametrize("activation", ["sigmoid", "relu"])
+@pytest.mark.parametrize("activation", ["sigmoid", "relu", "tanh"])
 def test_forward_and_all_five_gradients_match_float64(activation, rows):
     """150 rows: 10 blocks of 16, the last partly filled; 40: 3 blocks, so with AVX-512 (two blocks
     per pass) the last pass has a block past the end; 5: less than one block."""
@@ -192,3 +192,22 @@ def test_rows_are_those_of_the_kernel_on_the_rows_alone_and_the_others_zero(acti
     torch.testing.assert_close(y6[:, rows], stacked_two_layer_mlp(x6[:, rows], *weights6[:2], activation, *weights6[2:]))
     (grad_x6,) = torch.autograd.grad(y6.sum(), x6)
     assert (grad_x6[:, ~keep] == 0).all() and (grad_x6[:, rows] != 0).any()
+
+
+def test_weights_are_read_where_they_lie():
+    """Transposed weights (as the GI bodies pass ``nn.Linear`` weights, stacked) and weights with a
+    gap between bodies: the results of their contiguous copies, bit for bit; the weight gradients
+    come back contiguous, in the weights' shapes."""
+    x, (w1, b1, w2, b2) = _inputs(dh=24, dout=16)
+    w1_t = w1.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()  # (K, din, dh), strides of a .t()
+    w2_wide = torch.zeros(2, 24, 32)
+    w2_wide[:, :, :16] = w2.detach()
+    w2_gap = w2_wide[:, :, :16].requires_grad_()  # a view with rows of 32
+    assert not w1_t.is_contiguous() and not w2_gap.is_contiguous()
+    y = stacked_two_layer_mlp(x, w1_t, b1, "tanh", w2_gap, b2)
+    y_copies = stacked_two_layer_mlp(x, w1, b1, "tanh", w2, b2)
+    assert type(y.grad_fn).__name__ == "_NativeStackedMlpBackward" and torch.equal(y, y_copies)
+    grad = torch.randn(y.shape)
+    got = torch.autograd.grad(y, [x, w1_t, b1, w2_gap, b2], grad)
+    want = torch.autograd.grad(y_copies, [x, w1, b1, w2, b2], grad)
+    assert all(torch.equal(g, w) and g.shape == w.shape for g, w in zip(got, want))

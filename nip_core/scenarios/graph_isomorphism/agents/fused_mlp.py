@@ -1,10 +1,10 @@
 """K stacked two-layer MLPs in one C kernel on the CPU (docs/performance.md, "The MLP kernel").
 
-The stacked GI bodies' GIN layers (tanh folded into a sigmoid, :func:`~nip_core.agents.mlp.two_layer_mlp`)
-and transformer feed-forward blocks (relu) are ``act(x W1 + b1) W2 + b2`` over ~11,000 rows of 16
-numbers with a 64-wide hidden layer. :func:`stacked_two_layer_mlp` runs them through
-``nip_core/native/two_layer_mlp.c``, which never writes the hidden tensor (the backward pass
-recomputes it), and falls back to batched products where the kernel does not apply.
+The stacked GI bodies' GIN layers (tanh) and transformer feed-forward blocks (relu) are
+``act(x W1 + b1) W2 + b2`` over ~11,000 rows of 16 numbers with a 64-wide hidden layer.
+:func:`stacked_two_layer_mlp` runs them through ``nip_core/native/two_layer_mlp.c``, which never
+writes the hidden tensor (the backward pass recomputes it) and reads the weights where they lie
+(``nn.Linear``'s, transposed), and falls back to batched products where the kernel does not apply.
 """
 
 from __future__ import annotations
@@ -18,15 +18,16 @@ from nip_core.native.build import check_status, load
 from nip_core.scenarios.graph_isomorphism.agents.attention import autocast_enabled
 from nip_core.utils.cpu import cpu_has_native_bf16
 
-ACTIVATIONS = {"relu": 0, "sigmoid": 1}
+ACTIVATIONS = {"relu": 0, "sigmoid": 1, "tanh": 2}
 CHUNK = 8  # two_layer_mlp.c's register blocking
 
 
 def _declare(library: ctypes.CDLL) -> None:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    library.nip_mlp2_forward.argtypes = [i64, i64, i64, i64, i64, ptr, i32, ptr, ptr, i32, ptr, ptr, ptr, ptr, i64]
+    library.nip_mlp2_forward.argtypes = [i64, i64, i64, i64, i64, ptr, i32, ptr, ptr, i32, ptr, ptr, ptr, ptr, i64,
+                                         ptr]
     library.nip_mlp2_backward.argtypes = [i64, i64, i64, i64, i64, ptr, i32, ptr, ptr, i32, ptr, ptr, ptr,
-                                          ptr, ptr, ptr, ptr, ptr, i64]
+                                          ptr, ptr, ptr, ptr, ptr, i64, ptr]
     library.nip_mlp2_forward.restype = library.nip_mlp2_backward.restype = ctypes.c_int
 
 
@@ -36,6 +37,8 @@ def _kernel() -> ctypes.CDLL | None:
 
 def _composed(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2: Tensor, b2: Tensor,
               rows: Tensor | None = None) -> Tensor:
+    if activation == "tanh":  # tanh(z) = 2 sigmoid(2z) - 1: the factors and the shift moved into the weights
+        return _composed(x, 2 * w1, 2 * b1, "sigmoid", 2 * w2, b2 - w2.sum(1), rows)
     if rows is not None:  # every row computed, then the others set to 0 (cheaper than gathering the rows)
         left_out = torch.ones(x.shape[1], dtype=torch.bool, device=x.device).index_fill_(0, rows, False)
         return _composed(x, w1, b1, activation, w2, b2).index_fill(1, left_out.nonzero().squeeze(1), 0)
@@ -47,6 +50,11 @@ def _composed(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2: Tensor, b2
 def _row_list(rows: Tensor | None) -> tuple[int | None, int]:
     """The kernel's ``rows, n_rows`` arguments (``NULL`` for all rows)."""
     return (None, 0) if rows is None else (rows.data_ptr(), rows.numel())
+
+
+def _strides(w1: Tensor, w2: Tensor) -> ctypes.Array:
+    """The kernel's ``strides`` argument: the weights are read where they lie (no contiguous copies)."""
+    return (ctypes.c_int64 * 6)(*w1.stride(), *w2.stride())
 
 
 class _NativeStackedMlp(torch.autograd.Function):
@@ -61,7 +69,7 @@ class _NativeStackedMlp(torch.autograd.Function):
         kernel = _kernel()
         status = kernel.nip_mlp2_forward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
                                          w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[activation], w2.data_ptr(),
-                                         b2.data_ptr(), y.data_ptr(), *_row_list(rows))
+                                         b2.data_ptr(), y.data_ptr(), *_row_list(rows), _strides(w1, w2))
         check_status(status, "two_layer_mlp")
         ctx.save_for_backward(x, w1, b1, w2, b2, rows)
         ctx.activation, ctx.kernel = activation, kernel
@@ -80,12 +88,12 @@ class _NativeStackedMlp(torch.autograd.Function):
         dh, dout = w1.shape[-1], w2.shape[-1]
         grad_y = grad_y.to(x.dtype).contiguous()
         grad_x = torch.empty_like(x) if rows is None else torch.zeros_like(x)
-        grad_w1, grad_b1, grad_w2, grad_b2 = (torch.empty_like(t) for t in (w1, b1, w2, b2))
+        grad_w1, grad_b1, grad_w2, grad_b2 = (torch.empty(t.shape) for t in (w1, b1, w2, b2))  # contiguous
         status = ctx.kernel.nip_mlp2_backward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
                                               w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[ctx.activation],
                                               w2.data_ptr(), grad_y.data_ptr(), grad_x.data_ptr(),
                                               grad_w1.data_ptr(), grad_b1.data_ptr(), grad_w2.data_ptr(),
-                                              grad_b2.data_ptr(), *_row_list(rows))
+                                              grad_b2.data_ptr(), *_row_list(rows), _strides(w1, w2))
         check_status(status, "two_layer_mlp")
         return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None, None
 
@@ -103,7 +111,7 @@ def stacked_two_layer_mlp(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2
     """``act(x[k] w1[k] + b1[k]) w2[k] + b2[k]`` for every ``k``: ``(K, M, dout)``.
 
     ``x`` is ``(K, M, din)``, ``w1`` ``(K, din, dh)``, ``b1`` ``(K, dh)``, ``w2`` ``(K, dh, dout)``,
-    ``b2`` ``(K, dout)``; ``activation`` is ``"relu"`` or ``"sigmoid"``. ``rows`` (ascending int64
+    ``b2`` ``(K, dout)``; ``activation`` is ``"relu"``, ``"sigmoid"`` or ``"tanh"``. ``rows`` (ascending int64
     indices into ``M``, the same for every ``k``), when given, are the rows computed: every other
     row of the result is 0 (and passes no gradient back). A GI body's GNN leaves the padding
     nodes out this way. Under autocast on a CPU
@@ -120,17 +128,19 @@ def stacked_two_layer_mlp(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2
         x = x.to(dtype)
         w1, b1, w2, b2 = (t.to(dtype) for t in (w1, b1, w2, b2))
     if native_mlp_applies(x, activation, (x.shape[-1], w1.shape[-1], w2.shape[-1])):
-        weights = [t.to(torch.float32).contiguous() for t in (w1, b1, w2, b2)]
-        return _NativeStackedMlp.apply(x.contiguous(), *weights, activation, rows)
+        w1, w2 = w1.to(torch.float32), w2.to(torch.float32)  # of any strides
+        b1, b2 = b1.to(torch.float32).contiguous(), b2.to(torch.float32).contiguous()
+        return _NativeStackedMlp.apply(x.contiguous(), w1, b1, w2, b2, activation, rows)
     return _composed(x, w1, b1, activation, w2, b2, rows)
 
 
 def folded_tanh_mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None,
                     rows: Tensor | None = None) -> Tensor:
-    """``tanh(x w1 + b1) w2 + b2`` per body as :func:`~nip_core.agents.mlp.two_layer_mlp` folds it:
-    ``tanh(z) = 2 sigmoid(2z) - 1``, the factors and the shift moved into the weights (made per
-    call, so autograd carries their gradients to the parameters). Shapes and ``rows`` as
-    :func:`stacked_two_layer_mlp`; ``None`` biases are zero."""
+    """``tanh(x w1 + b1) w2 + b2`` per body (:func:`~nip_core.agents.mlp.two_layer_mlp`'s FastTanh MLP):
+    the kernel's tanh, or the batched products with tanh folded into a sigmoid as ``two_layer_mlp``
+    folds it (``tanh(z) = 2 sigmoid(2z) - 1``, the factors and the shift moved into the weights,
+    made per call so that autograd carries their gradients to the parameters). Shapes and ``rows``
+    as :func:`stacked_two_layer_mlp`; ``None`` biases are zero."""
     b1 = torch.zeros_like(w1[:, 0]) if b1 is None else b1
-    shift = -w2.sum(1) if b2 is None else b2 - w2.sum(1)
-    return stacked_two_layer_mlp(x, 2 * w1, 2 * b1, "sigmoid", 2 * w2, shift, rows)
+    b2 = torch.zeros_like(w2[:, 0]) if b2 is None else b2
+    return stacked_two_layer_mlp(x, w1, b1, "tanh", w2, b2, rows)
