@@ -63,9 +63,9 @@ def _linear(x: Tensor, linears: Sequence[nn.Linear]) -> Tensor:
     return out.view(*x.shape[:-1], weight.shape[-1])
 
 
-def _mlp(x: Tensor, mlps: Sequence[nn.Sequential], rows: Tensor) -> Tensor:
-    """Body ``k``'s two-layer ``mlps[k]`` (linear, activation, linear) applied to ``x[k]`` at the
-    ``rows`` of ``x.reshape(K, -1, d_in)`` (:func:`stacked_two_layer_mlp`'s), 0 at the others.
+def _mlp(x: Tensor, mlps: Sequence[nn.Sequential], rows: Tensor | None) -> Tensor:
+    """Body ``k``'s two-layer ``mlps[k]`` (linear, activation, linear) applied to ``x[k]``; with
+    ``rows``, at those rows of ``x.reshape(K, -1, d_in)`` (:func:`stacked_two_layer_mlp`'s), 0 at the others.
 
     With tanh, the activation is folded into the linear layers as in
     :func:`~nip_core.agents.mlp.two_layer_mlp` (the hidden tensor written once).
@@ -73,8 +73,9 @@ def _mlp(x: Tensor, mlps: Sequence[nn.Sequential], rows: Tensor) -> Tensor:
     firsts, seconds, activation = [mlp[0] for mlp in mlps], [mlp[2] for mlp in mlps], mlps[0][1]
     flat = x.reshape(x.shape[0], -1, x.shape[-1])
     if not isinstance(activation, FastTanh):
-        out = _linear(activation(_linear(flat.index_select(1, rows), firsts)), seconds)
-        out = out.new_zeros(*flat.shape[:2], out.shape[-1]).index_copy(1, rows, out)
+        out = _linear(activation(_linear(flat if rows is None else flat.index_select(1, rows), firsts)), seconds)
+        if rows is not None:
+            out = out.new_zeros(*flat.shape[:2], out.shape[-1]).index_copy(1, rows, out)
     else:
         (w1, b1), (w2, b2) = _weights(firsts), _weights(seconds)
         out = folded_tanh_mlp(flat, w1, None if b1 is None else b1.squeeze(1), w2,
@@ -117,15 +118,17 @@ def _gnn(bodies: Sequence[GraphIsomorphismAgentBody], features: Tensor, adjacenc
     # every body's copy of graph b has adjacency and mask b
     self_adjacency, node_mask = self_adjacency.reshape(-1, N, N), mask.reshape(-1, N)
     activation = gnns[0].activation
-    # The GIN layers' MLPs compute the real nodes' rows only: the padding nodes' are 0, which is
-    # what the next aggregation and the GNN's output make of them anyway (both apply the mask).
-    rows = node_mask.reshape(-1).nonzero().squeeze(1)
+    # On a CPU the GIN layers' MLPs compute the real nodes' rows only: the padding nodes' are 0,
+    # which is what the next aggregation and the GNN's output make of them anyway (both apply
+    # the mask). Elsewhere every row, then the mask: a list of the rows would be data-dependent
+    # (a GPU waits for it; the meta device cannot make one).
+    rows = node_mask.reshape(-1).nonzero().squeeze(1) if z.device.type == "cpu" else None
     for depth in range(len(gnns[0].layers)):
         x = gin_aggregate(z.reshape(-1, N, z.shape[-1]), self_adjacency, node_mask, activation)
         z = _mlp(x.view(K, B2, 2, N, -1), [gnn.layers[depth].mlp for gnn in gnns], rows)
-    # without GIN layers, the mask at full size (on CPUs a broadcasting bf16 multiply is ~10x
-    # slower than an elementwise one)
-    h = z if gnns[0].layers else z * mask.unsqueeze(-1).expand(z.shape).contiguous()
+    # else the mask at full size (on CPUs a broadcasting bf16 multiply is ~10x slower than an
+    # elementwise one)
+    h = z if rows is not None and gnns[0].layers else z * mask.unsqueeze(-1).expand(z.shape).contiguous()
     if gnns[0].output_digits is not None:
         h = torch.round(h, decimals=gnns[0].output_digits)
     if bodies[0].use_dual_gnn:
