@@ -6,7 +6,9 @@
  * 64-wide hidden tensor is written and read several times forwards and backwards. Here the
  * vector lanes run across LANES rows, and a block of rows goes through both layers (and, in
  * the backward pass, through both layers' gradients) with its hidden values held in a small
- * work buffer; the hidden tensor is never written out: the backward pass recomputes it.
+ * work buffer. The forward pass can keep the activations in the lane layout (`hidden`,
+ * nip_mlp2_hidden_size floats, or NULL): the backward pass then reads them where they lie
+ * instead of computing the first layer and the activation again (`hidden` NULL: it recomputes).
  *
  * x, y and their gradients are float32 or bfloat16 (bf16 == 1) in memory, (K, M, d) row-major;
  * weights and their gradients are float32: W1 (K, din, dh), b1 (K, dh), W2 (K, dh, dout),
@@ -142,9 +144,16 @@ static inline void scatter_block(const float *src, int bf16, const int64_t *rows
     }
 }
 
+/* Blocks of LANES rows per body in the kept activations: the computed rows rounded up to NB blocks. */
+static inline int64_t hidden_blocks(int64_t P) { return (P + NB * LANES - 1) / (NB * LANES) * NB; }
+
+/* Floats of the kept activations of K bodies of P computed rows and dh hidden units: body k's
+ * block s holds its dh activations as vectors at (k * hidden_blocks(P) + s) * dh * LANES. */
+int64_t nip_mlp2_hidden_size(int64_t K, int64_t P, int64_t dh) { return K * hidden_blocks(P) * dh * LANES; }
+
 int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                      const float *w1, const float *b1, int act, const float *w2, const float *b2, void *y,
-                     const int64_t *rows, int64_t n_rows, const int64_t *strides) {
+                     const int64_t *rows, int64_t n_rows, const int64_t *strides, float *hidden) {
     const int64_t wide = din > dout ? din : dout;
     vf *buf = malloc((size_t)(NB * (din + 2 * dh + dout) + wide) * sizeof(vf) +
                      (size_t)(din * dh + dh * dout) * sizeof(float));
@@ -161,9 +170,10 @@ int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout
         for (int64_t r0 = 0; r0 < P; r0 += NB * LANES) {
             for (int64_t b = 0; b < NB; b++)  /* a block past the end is zeros, computed and dropped */
                 gather_block(xk, bf16, rows, r0 + b * LANES, block_lanes(P, r0, b), din, tmp, (float *)(xv + b * din));
+            vf *hk = hidden ? (vf *)hidden + (k * hidden_blocks(P) + r0 / LANES) * dh : h;  /* kept there */
             dense(xv, din, w1k, dh, b1k, dh, z);
-            activate(z, NB * dh, act, h);
-            dense(h, dh, w2k, dout, b2k, dout, out);
+            activate(z, NB * dh, act, hk);
+            dense(hk, dh, w2k, dout, b2k, dout, out);
             for (int64_t b = 0; b < NB; b++)
                 scatter_block((const float *)(out + b * dout), bf16, rows, r0 + b * LANES, block_lanes(P, r0, b), dout,
                               tmp, yk);
@@ -250,7 +260,7 @@ static void lane_sums(const vf *acc, int64_t n, float *dst) {
 int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                       const float *w1, const float *b1, int act, const float *w2, const void *gy, void *gx,
                       float *gw1, float *gb1, float *gw2, float *gb2, const int64_t *rows, int64_t n_rows,
-                      const int64_t *strides) {
+                      const int64_t *strides, const float *hidden) {
     const int64_t P = rows ? n_rows : M;  /* rows computed */
     const int64_t wide = din > dout ? din : dout;
     const int64_t vin = (din + LANES - 1) / LANES, vout = (dout + LANES - 1) / LANES;
@@ -279,23 +289,27 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
         memset(aw1, 0, (size_t)n_acc * sizeof(vf));
         for (int64_t g0 = 0; g0 < P; g0 += GROUP * LANES) {
             const int64_t n = P - g0 < GROUP * LANES ? P - g0 : GROUP * LANES;  /* rows of the group */
+            /* the group's activations: kept by the forward pass, or computed again into hs */
+            vf *hg = hidden ? (vf *)hidden + (k * hidden_blocks(P) + g0 / LANES) * dh : hs;
             for (int64_t r0 = g0; r0 < g0 + n; r0 += NB * LANES) {
                 const int64_t slot = (r0 - g0) / LANES;  /* NB slots from here (GROUP is a multiple of NB) */
-                vf *xv = xs + slot * din, *h = hs + slot * dh, *dz = dzs + slot * dh, *gyv = gys + slot * dout;
+                vf *xv = xs + slot * din, *h = hg + slot * dh, *dz = dzs + slot * dh, *gyv = gys + slot * dout;
                 for (int64_t b = 0; b < NB; b++) {  /* lanes past the end: x and gradient 0 */
                     const int64_t lanes = block_lanes(P, r0, b);
                     gather_block(xk, bf16, rows, r0 + b * LANES, lanes, din, tmp, (float *)(xv + b * din));
                     gather_block(gyk, bf16, rows, r0 + b * LANES, lanes, dout, tmp, (float *)(gyv + b * dout));
                 }
-                dense(xv, din, w1k, dh, b1k, dh, z);  /* the hidden layer again, instead of keeping it */
-                activate(z, NB * dh, act, h);
+                if (!hidden) {  /* the hidden layer again */
+                    dense(xv, din, w1k, dh, b1k, dh, z);
+                    activate(z, NB * dh, act, h);
+                }
                 dense_t(gyv, dout, w2k, dout, dh, dz);  /* d h = gy W2ᵀ */
                 if (act == 1)
                     for (int64_t c = 0; c < NB * dh; c++) dz[c] = dz[c] * h[c] * (1.0f - h[c]);
                 else if (act == 2)
                     for (int64_t c = 0; c < NB * dh; c++) dz[c] = dz[c] * (1.0f - h[c] * h[c]);
                 else
-                    for (int64_t c = 0; c < NB * dh; c++) dz[c] = lane_select(z[c] > 0.0f, dz[c], splat(0.0f));
+                    for (int64_t c = 0; c < NB * dh; c++) dz[c] = lane_select(h[c] > 0.0f, dz[c], splat(0.0f));
                 for (int64_t b = 0; b < NB && block_lanes(P, r0, b) > 0; b++) {
                     for (int64_t c = 0; c < dh; c++) ab1[c] += dz[b * dh + c];
                     for (int64_t e = 0; e < dout; e++) ab2[e] += gyv[b * dout + e];
@@ -307,7 +321,7 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
             }
             row_outer(dzs, dh, group_rows(xk, bf16, rows, g0, n, din, vin, x_rows, row_ptr), vin, n,
                       aw1);  /* d W1ᵀ += d zᵀ x */
-            row_outer(hs, dh, group_rows(gyk, bf16, rows, g0, n, dout, vout, gy_rows, row_ptr), vout, n,
+            row_outer(hg, dh, group_rows(gyk, bf16, rows, g0, n, dout, vout, gy_rows, row_ptr), vout, n,
                       aw2);  /* d W2 += hᵀ gy */
         }
         float *gw1k = gw1 + k * din * dh;

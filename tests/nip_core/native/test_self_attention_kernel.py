@@ -132,3 +132,40 @@ def test_bfloat16_values_give_the_float32_results_rounded():
     grad = torch.randn(out.shape).bfloat16()
     (got,), (want,) = torch.autograd.grad(out, [qkv_bf16], grad), torch.autograd.grad(out_wide, [wide], grad.float())
     assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())
+
+
+@pytest.mark.parametrize("queries", [1, 2, 23])
+def test_the_first_queries_alone_equal_those_rows_of_the_whole_attention(queries):
+    """``queries``: only the first tokens are queries (a value body's two graph tokens). The rows equal
+    the whole result's bit for bit (each query row is computed alone, in the same order), and the
+    gradients equal those of the whole result with zero gradient at the other rows, in the kernel
+    and in the composition (the fallback off the CPU)."""
+    qkv, mask = _inputs()
+    full = self_attention(qkv, mask, H, 0.0)
+    part = self_attention(qkv, mask, H, 0.0, queries)
+    assert type(part.grad_fn).__name__ == "_NativeSelfAttentionBackward"
+    assert part.shape == (26, queries, H * DH) and torch.equal(part, full[:, :queries])
+    grad = torch.randn(part.shape)
+    (got,) = torch.autograd.grad(part, qkv, grad)
+    (want,) = torch.autograd.grad(full, qkv, torch.cat([grad, torch.zeros(26, 24 - queries, H * DH)], 1))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    assert torch.count_nonzero(got[:, queries:, :H * DH]) == 0  # the other tokens' queries: no gradient
+    composed = _composed_self_attention(qkv, mask, H, 0.0, queries)
+    torch.testing.assert_close(composed, part, rtol=1e-5, atol=2e-6)
+    (got_composed,) = torch.autograd.grad(composed, qkv, grad)
+    torch.testing.assert_close(got_composed, got, rtol=1e-4, atol=5e-6)
+    # second derivatives (SPG) through the composition with the same queries
+    out = self_attention(qkv, mask, H, 0.0, queries)
+    (first,) = torch.autograd.grad((out ** 2).sum(), qkv, create_graph=True)
+    (second,) = torch.autograd.grad((first ** 2).sum(), qkv)
+    out_composed = _composed_self_attention(qkv, mask, H, 0.0, queries)
+    (first_c,) = torch.autograd.grad((out_composed ** 2).sum(), qkv, create_graph=True)
+    (second_c,) = torch.autograd.grad((first_c ** 2).sum(), qkv)
+    torch.testing.assert_close(second, second_c, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("queries", [0, 25])
+def test_queries_outside_the_sequence_are_refused(queries):
+    qkv, mask = _inputs()
+    with pytest.raises(ValueError, match="queries must be between 1 and the sequence length 24"):
+        self_attention(qkv, mask, H, 0.0, queries)

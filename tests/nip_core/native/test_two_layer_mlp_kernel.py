@@ -211,3 +211,31 @@ def test_weights_are_read_where_they_lie():
     got = torch.autograd.grad(y, [x, w1_t, b1, w2_gap, b2], grad)
     want = torch.autograd.grad(y_copies, [x, w1, b1, w2, b2], grad)
     assert all(torch.equal(g, w) and g.shape == w.shape for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", ["sigmoid", "relu", "tanh"])
+@pytest.mark.parametrize("M", [150, 40])
+def test_kept_activations_give_the_gradients_of_the_recomputed_ones_bit_for_bit(M, activation, dtype, monkeypatch):
+    """With a backward pass to come the forward pass keeps the activations and the backward pass
+    reads them; without (``keep_hidden`` False) it computes them again: the same numbers either way,
+    with a row list too (M = 40: with AVX-512 a block past the end in the kept layout)."""
+    x, weights = _inputs(M=M, dtype=dtype)
+    assert stacked_two_layer_mlp(x, weights[0], weights[1], activation, weights[2], weights[3]).grad_fn is not None
+    for rows in (None, torch.arange(1, M, 3)):
+        grad_y = torch.randn(2, M, 8).to(dtype)
+        results = []
+        for keep in (True, False):
+            y = fused_mlp._NativeStackedMlp.apply(x, *weights[:2], *weights[2:], activation, rows, keep)
+            results.append((y, torch.autograd.grad(y, [x, *weights], grad_y)))
+        (y_kept, kept), (y_again, again) = results
+        assert torch.equal(y_kept, y_again)
+        for a, b in zip(kept, again):
+            assert torch.equal(a, b)
+    calls = []
+    real = fused_mlp._NativeStackedMlp.apply
+    monkeypatch.setattr(fused_mlp._NativeStackedMlp, "apply", lambda *args: calls.append(args[-1]) or real(*args))
+    stacked_two_layer_mlp(x, weights[0], weights[1], activation, weights[2], weights[3])
+    with torch.no_grad():  # no backward pass to come: nothing kept
+        stacked_two_layer_mlp(x, weights[0], weights[1], activation, weights[2], weights[3])
+    assert calls == [True, False]

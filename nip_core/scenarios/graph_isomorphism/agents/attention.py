@@ -81,14 +81,16 @@ def attention_core(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor, p_dropout
     ``attn_mask`` is additive and broadcasts to ``(..., L, L)`` (e.g. ``(B, 1, L, L)`` for
     inputs ``(B, H, L, dh)``). The result is ``(..., L, dh)``, possibly a transposed view.
 
-    In float32 without dropout this is :class:`_Attention`. Otherwise (bf16 autocast, or
+    ``q`` may have fewer rows than ``k`` and ``v`` (queries at the first tokens only; the mask's
+    rows are the queries'). In float32 without dropout, every token a query, this is
+    :class:`_Attention`. Otherwise (bf16 autocast, or
     attention dropout in training) the plain composition runs, with the softmax in float32
     (a bf16 softmax over rows of ~24 is several times slower on CPUs; running the two
     products in float32 as well was measured no faster under bf16 autocast).
     """
     q = q * q.shape[-1] ** -0.5
     plain_float32 = q.dtype == k.dtype == v.dtype == attn_mask.dtype == torch.float32 and not autocast_enabled(q)
-    if plain_float32 and p_dropout == 0:
+    if plain_float32 and p_dropout == 0 and q.shape[-2] == k.shape[-2]:
         return _Attention.apply(q, k, v, attn_mask)
     scores = torch.matmul(q, k.transpose(-1, -2)) + attn_mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
@@ -99,12 +101,12 @@ def attention_core(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor, p_dropout
 
 def _declare(library: ctypes.CDLL) -> None:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    library.nip_self_attention_forward.argtypes = [i64, i64, i64, i64, ptr, ctypes.c_int, ptr, i64,
+    library.nip_self_attention_forward.argtypes = [i64, i64, i64, i64, i64, ptr, ctypes.c_int, ptr, i64,
                                                    ctypes.c_float, ptr, ptr]
-    library.nip_self_attention_backward.argtypes = [i64, i64, i64, i64, ptr, ctypes.c_int, ptr,
+    library.nip_self_attention_backward.argtypes = [i64, i64, i64, i64, i64, ptr, ctypes.c_int, ptr,
                                                     ctypes.c_float, ptr, ptr]
     library.nip_self_attention_forward.restype = library.nip_self_attention_backward.restype = ctypes.c_int
-    library.nip_self_attention_weights_size.argtypes = [i64, i64, i64]
+    library.nip_self_attention_weights_size.argtypes = [i64, i64, i64, i64]
     library.nip_self_attention_weights_size.restype = i64
 
 
@@ -112,14 +114,18 @@ def _kernel() -> ctypes.CDLL | None:
     return load("self_attention", _declare)
 
 
-def _composed_self_attention(qkv: Tensor, attn_mask: Tensor, num_heads: int, p_dropout: float) -> Tensor:
+def _composed_self_attention(qkv: Tensor, attn_mask: Tensor, num_heads: int, p_dropout: float,
+                             queries: int | None = None) -> Tensor:
     """:func:`self_attention` as PyTorch operations (:func:`attention_core` over views of ``qkv``)."""
     G, L, width = qkv.shape
     d = width // 3
     mask_batch = attn_mask.shape[0] if attn_mask.dim() == 4 else 1
     q, k, v = qkv.view(G // mask_batch, mask_batch, L, 3, num_heads, d // num_heads).permute(3, 0, 1, 4, 2, 5).unbind(0)
-    out = attention_core(q, k, v, attn_mask, p_dropout)  # (G / Bm, Bm, H, L, dh)
-    return out.transpose(-2, -3).reshape(G, L, d)
+    Lq = L if queries is None else queries
+    if Lq < L:
+        q, attn_mask = q[..., :Lq, :], attn_mask[..., :Lq, :]
+    out = attention_core(q, k, v, attn_mask, p_dropout)  # (G / Bm, Bm, H, Lq, dh)
+    return out.transpose(-2, -3).reshape(G, Lq, d)
 
 
 class _NativeSelfAttention(torch.autograd.Function):
@@ -130,37 +136,37 @@ class _NativeSelfAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, qkv: Tensor, mask: Tensor, num_heads: int) -> Tensor:
+    def forward(ctx, qkv: Tensor, mask: Tensor, num_heads: int, queries: int) -> Tensor:
         G, L, width = qkv.shape
         d = width // 3
-        out = qkv.new_empty(G, L, d)
+        out = qkv.new_empty(G, queries, d)
         kernel = _kernel()
-        weights = torch.empty(kernel.nip_self_attention_weights_size(G, L, num_heads), dtype=torch.float32)
+        weights = torch.empty(kernel.nip_self_attention_weights_size(G, L, queries, num_heads), dtype=torch.float32)
         scale = (d // num_heads) ** -0.5
-        status = kernel.nip_self_attention_forward(G, L, num_heads, d // num_heads, qkv.data_ptr(),
+        status = kernel.nip_self_attention_forward(G, L, queries, num_heads, d // num_heads, qkv.data_ptr(),
                                                       int(qkv.dtype == torch.bfloat16), mask.data_ptr(),
                                                       mask.shape[0], scale, out.data_ptr(), weights.data_ptr())
         check_status(status, "self_attention")
         ctx.save_for_backward(qkv, mask, weights)
-        ctx.num_heads, ctx.kernel = num_heads, kernel
+        ctx.num_heads, ctx.queries, ctx.kernel = num_heads, queries, kernel
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         qkv, mask, weights = ctx.saved_tensors
         if torch.is_grad_enabled():  # differentiating the backward: through the composition
-            out = _composed_self_attention(qkv, mask.unsqueeze(1), ctx.num_heads, 0.0)
-            return torch.autograd.grad(out, qkv, grad_out, create_graph=True)[0], None, None
+            out = _composed_self_attention(qkv, mask.unsqueeze(1), ctx.num_heads, 0.0, ctx.queries)
+            return torch.autograd.grad(out, qkv, grad_out, create_graph=True)[0], None, None, None
         G, L, width = qkv.shape
         H = ctx.num_heads
         dh = width // 3 // H
         grad_out = grad_out.to(qkv.dtype).contiguous()
         grad_qkv = torch.empty_like(qkv)
-        status = ctx.kernel.nip_self_attention_backward(G, L, H, dh, qkv.data_ptr(), int(qkv.dtype == torch.bfloat16),
-                                                        weights.data_ptr(), dh ** -0.5, grad_out.data_ptr(),
-                                                        grad_qkv.data_ptr())
+        status = ctx.kernel.nip_self_attention_backward(G, L, ctx.queries, H, dh, qkv.data_ptr(),
+                                                        int(qkv.dtype == torch.bfloat16), weights.data_ptr(),
+                                                        dh ** -0.5, grad_out.data_ptr(), grad_qkv.data_ptr())
         check_status(status, "self_attention")
-        return grad_qkv, None, None
+        return grad_qkv, None, None, None
 
 
 def native_self_attention_applies(qkv: Tensor, attn_mask: Tensor, p_dropout: float) -> bool:
@@ -172,20 +178,26 @@ def native_self_attention_applies(qkv: Tensor, attn_mask: Tensor, p_dropout: flo
 
 
 @torch.compiler.disable
-def self_attention(qkv: Tensor, attn_mask: Tensor, num_heads: int, p_dropout: float) -> Tensor:
+def self_attention(qkv: Tensor, attn_mask: Tensor, num_heads: int, p_dropout: float,
+                   queries: int | None = None) -> Tensor:
     """Multi-head self-attention from the packed in-projection, before the out-projection.
 
     ``qkv`` is ``(G, L, 3 d)``: each token's ``[q | k | v]``, each ``num_heads`` heads of
     ``d / num_heads``. ``attn_mask`` is additive, ``(Bm, 1, L, L)`` with ``G`` a multiple of
     ``Bm``: sequence ``g`` uses mask ``g % Bm`` (several bodies' sequences stacked as
     ``g = k Bm + b``). Returns ``(G, L, d)``, the heads side by side as
-    :class:`torch.nn.MultiheadAttention` concatenates them.
+    :class:`torch.nn.MultiheadAttention` concatenates them. With ``queries``, only the first
+    ``queries`` tokens are queries (every token still a key and a value): ``(G, queries, d)``,
+    equal to the first ``queries`` rows of the whole result.
 
     On the CPU without dropout this is the C kernel ``nip_core/native/self_attention.c``
     (float32 or bfloat16 values, float32 arithmetic; docs/performance.md); otherwise, or when
     the kernel cannot be built, :func:`attention_core` over views of ``qkv``.
     """
+    L = qkv.shape[1]
+    if queries is not None and not 1 <= queries <= L:
+        raise ValueError(f"self_attention: queries must be between 1 and the sequence length {L}, got {queries}")
     if native_self_attention_applies(qkv, attn_mask, p_dropout):
         mask = attn_mask.reshape(attn_mask.shape[0], *attn_mask.shape[2:]).to(torch.float32).contiguous()
-        return _NativeSelfAttention.apply(qkv.contiguous(), mask, num_heads)
-    return _composed_self_attention(qkv, attn_mask, num_heads, p_dropout)
+        return _NativeSelfAttention.apply(qkv.contiguous(), mask, num_heads, L if queries is None else queries)
+    return _composed_self_attention(qkv, attn_mask, num_heads, p_dropout, queries)

@@ -181,8 +181,13 @@ class CombinedAgents(nn.Module):
             bodies = [self.policy_body[name]] + ([self.value_body[name]] if name in self.value_body else [])
             if can_stack(bodies):
                 inputs = [self._agent_input(td, index, key, ignore_message) for key in bodies[0].in_keys]
-                outputs = [dict(zip(body.out_keys, out))
-                           for body, out in zip(bodies, stacked_bodies_forward(bodies, *inputs))]
+                # a value head that reads no node-level representation: the value body computes
+                # its graph-level one alone (no node token past the last attention)
+                value_head = self.value_head[name] if name in self.value_head else None
+                graph_only = [False, value_head is not None and "node_level_repr" not in value_head.in_keys]
+                stacked = stacked_bodies_forward(bodies, *inputs, graph_only=graph_only[:len(bodies)])
+                outputs = [{key: value for key, value in zip(body.out_keys, out) if value is not None}
+                           for body, out in zip(bodies, stacked)]
             else:
                 outputs = [self._run_part(body, td, index, ignore_message) for body in bodies]
             policy_outputs.append(outputs[0])

@@ -137,48 +137,87 @@ def _gnn(bodies: Sequence[GraphIsomorphismAgentBody], features: Tensor, adjacenc
     return h
 
 
-def _encoder_layer(layers: Sequence[nn.TransformerEncoderLayer], x: Tensor, attn_mask: Tensor) -> Tensor:
+def _groups(graph_only: Sequence[bool]) -> list[tuple[slice | Tensor, bool]]:
+    """The bodies as runs of equal ``graph_only``: ``(index along K, graph_only)`` each, in order
+    (a slice for a run of consecutive bodies, else an index tensor)."""
+    kinds = sorted(set(graph_only))
+    out = []
+    for kind in kinds:
+        members = [k for k, flag in enumerate(graph_only) if flag == kind]
+        run = members == list(range(members[0], members[-1] + 1))
+        out.append((slice(members[0], members[-1] + 1) if run else torch.tensor(members), kind))
+    return out
+
+
+def _take(t: Tensor, index: slice | Tensor) -> Tensor:
+    """The bodies ``index`` (of :func:`_groups`) of ``t (K, ...)``."""
+    return t[index] if isinstance(index, slice) else t.index_select(0, index.to(t.device))
+
+
+def _members(index: slice | Tensor, K: int) -> list[int]:
+    """The body numbers of a group index of :func:`_groups`."""
+    return list(range(K)[index]) if isinstance(index, slice) else index.tolist()
+
+
+def _encoder_layer(layers: Sequence[nn.TransformerEncoderLayer], x: Tensor, attn_mask: Tensor,
+                   graph_only: Sequence[bool] | None = None) -> list[tuple[slice | Tensor, Tensor]]:
     """:func:`~nip_core.scenarios.graph_isomorphism.agents.body.encoder_layer_forward` of
-    every body at once; ``x`` is ``(K, B, L, d)``, ``attn_mask`` ``(B, 1, L, L)`` additive."""
+    every body at once; ``x`` is ``(K, B, L, d)``, ``attn_mask`` ``(B, 1, L, L)`` additive.
+
+    Returns ``(index along K, tokens (K', B, L', d))`` per group of bodies (:func:`_groups`; one
+    group of all bodies without ``graph_only``): the bodies of ``graph_only`` are computed at their
+    two graph tokens only (``L' = 2``; every token stays a key and a value of the attention), the
+    others at every token.
+    """
     first = layers[0]
-    K, B, L, d = x.shape
+    B, L, d = x.shape[1:]
     H = first.self_attn.num_heads
     p_drop = first.dropout.p if first.training else 0.0
     p_attention = first.self_attn.dropout if first.training else 0.0
-    x = x.reshape(K, B * L, d)
 
     def dropout(t: Tensor, p: float) -> Tensor:
         return F.dropout(t, p) if p > 0 else t
 
-    def attention_block(src: Tensor) -> Tensor:
-        attention = [layer.self_attn for layer in layers]
-        weight = torch.stack([a.in_proj_weight for a in attention]).transpose(1, 2)
-        bias = torch.stack([a.in_proj_bias for a in attention]).unsqueeze(1)
-        qkv = torch.baddbmm(bias, src, weight)  # (K, B L, 3 d)
-        out = self_attention(qkv.view(K * B, L, 3 * d), attn_mask, H, p_attention).reshape(K, B * L, d)
-        return dropout(_linear(out, [a.out_proj for a in attention]), p_drop)
+    def attention_block(group: Sequence[nn.TransformerEncoderLayer], src: Tensor, rows: int) -> Tensor:
+        heads = [layer.self_attn for layer in group]
+        weight = torch.stack([a.in_proj_weight for a in heads]).transpose(1, 2)
+        bias = torch.stack([a.in_proj_bias for a in heads]).unsqueeze(1)
+        qkv = torch.baddbmm(bias, src, weight)  # (K', B L, 3 d)
+        out = self_attention(qkv.view(len(group) * B, L, 3 * d), attn_mask, H, p_attention,
+                             None if rows == L else rows).reshape(len(group), B * rows, d)
+        return dropout(_linear(out, [a.out_proj for a in heads]), p_drop)
 
-    def feed_forward(src: Tensor) -> Tensor:
-        firsts, seconds = [layer.linear1 for layer in layers], [layer.linear2 for layer in layers]
+    def feed_forward(group: Sequence[nn.TransformerEncoderLayer], src: Tensor) -> Tensor:
+        firsts, seconds = [layer.linear1 for layer in group], [layer.linear2 for layer in group]
         if p_drop == 0 and first.activation is F.relu and firsts[0].bias is not None and seconds[0].bias is not None:
             (w1, b1), (w2, b2) = _weights(firsts), _weights(seconds)
             return stacked_two_layer_mlp(src, w1, b1.squeeze(1), "relu", w2, b2.squeeze(1))
         hidden = dropout(first.activation(_linear(src, firsts)), p_drop)
         return dropout(_linear(hidden, seconds), p_drop)
 
-    norm1, norm2 = [layer.norm1 for layer in layers], [layer.norm2 for layer in layers]
-    if first.norm_first:
-        x = x + attention_block(_layer_norm(x, norm1))
-        x = x + feed_forward(_layer_norm(x, norm2))
-    else:
-        x = _layer_norm(x + attention_block(x), norm1)
-        x = _layer_norm(x + feed_forward(x), norm2)
-    return x.view(K, B, L, d)
+    out = []
+    for index, narrow in _groups(graph_only if graph_only is not None else [False] * x.shape[0]):
+        group = [layers[k] for k in _members(index, x.shape[0])]
+        K, rows = len(group), 2 if narrow else L
+        xg = _take(x, index).reshape(K, B * L, d)
+        norm1, norm2 = [layer.norm1 for layer in group], [layer.norm2 for layer in group]
+
+        def kept(t: Tensor) -> Tensor:  # the rows computed past the attention
+            return t if rows == L else t.view(K, B, L, d)[:, :, :rows].reshape(K, B * rows, d)
+
+        if first.norm_first:
+            xg = kept(xg) + attention_block(group, _layer_norm(xg, norm1), rows)
+            xg = xg + feed_forward(group, _layer_norm(xg, norm2))
+        else:
+            xg = _layer_norm(kept(xg) + attention_block(group, xg, rows), norm1)
+            xg = _layer_norm(xg + feed_forward(group, xg), norm2)
+        out.append((index, xg.view(K, B, rows, d)))
+    return out
 
 
 def stacked_bodies_forward(bodies: Sequence[GraphIsomorphismAgentBody], x: Tensor, adjacency: Tensor,
-                           message: Tensor, node_mask: Tensor,
-                           ignore_message: Tensor) -> list[tuple[Tensor, Tensor]]:
+                           message: Tensor, node_mask: Tensor, ignore_message: Tensor,
+                           graph_only: Sequence[bool] | None = None) -> list[tuple[Tensor, Tensor | None]]:
     """``[body(x, adjacency, message, node_mask, ignore_message) for body in bodies]`` in one pass.
 
     Parameters
@@ -187,10 +226,15 @@ def stacked_bodies_forward(bodies: Sequence[GraphIsomorphismAgentBody], x: Tenso
         Bodies for which :func:`can_stack` holds.
     x, adjacency, message, node_mask, ignore_message
         As :meth:`GraphIsomorphismAgentBody.forward`, shared by all bodies.
+    graph_only
+        Per body, whether only its graph-level representation is wanted (a value body whose head
+        reads no node-level one): its last transformer layer, after the attention, and its
+        representation encoder then run at the two graph tokens only, and its
+        ``node_level_repr`` is None. The graph-level result is that of the whole body.
 
     Returns
     -------
-    list of (graph_level_repr (B, 2, d_repr), node_level_repr (B, 2, N, d_repr))
+    list of (graph_level_repr (B, 2, d_repr), node_level_repr (B, 2, N, d_repr) or None)
         One pair per body, in the order of ``bodies``.
     """
     first = bodies[0]
@@ -216,18 +260,32 @@ def stacked_bodies_forward(bodies: Sequence[GraphIsomorphismAgentBody], x: Tenso
     msg = message.reshape(B, d_message, 2 * N).transpose(1, 2)  # (B, 2N, d_message)
     msg = msg * (~ignore_message).to(msg.dtype)[:, None, None]
     tokens = _encode_tokens(bodies, pooled, h.reshape(K, B, 2 * N, -1), msg)  # (K, B, L, d_t)
+    flags = list(graph_only) if graph_only is not None else [False] * K
     if first.transformer is not None:
         key_absent = torch.cat([node_mask.new_zeros(B, 2), ~node_mask.reshape(B, 2 * N)], dim=1)
         blocked = first.same_graph_mask.unsqueeze(0) | key_absent.unsqueeze(1)
         attn_mask = torch.zeros(blocked.shape, device=tokens.device, dtype=tokens.dtype)
         attn_mask = attn_mask.masked_fill_(blocked, float("-inf")).unsqueeze(1)
-        for depth in range(len(first.transformer.layers)):
-            tokens = _encoder_layer([body.transformer.layers[depth] for body in bodies], tokens, attn_mask)
-        if first.transformer.norm is not None:
-            tokens = _layer_norm(tokens.reshape(K, -1, tokens.shape[-1]),
-                                 [body.transformer.norm for body in bodies]).view(tokens.shape)
-    reprs = _linear(tokens, [body.representation_encoder for body in bodies])  # (K, B, L, d_repr)
-    return [(reprs[k, :, :2], reprs[k, :, 2:].reshape(B, 2, N, -1)) for k in range(K)]
+        depths = len(first.transformer.layers)
+        for depth in range(depths):  # every token is a key of the next layer: narrowed in the last only
+            layers = [body.transformer.layers[depth] for body in bodies]
+            groups = _encoder_layer(layers, tokens, attn_mask, flags if depth == depths - 1 else None)
+            tokens = groups[0][1] if depth < depths - 1 else tokens
+    else:
+        groups = [(index, _take(tokens, index)[:, :, :2] if narrow else _take(tokens, index))
+                  for index, narrow in _groups(flags)]
+    outputs: list[tuple[Tensor, Tensor | None]] = [None] * K  # type: ignore[list-item]
+    for index, group_tokens in groups:
+        members = _members(index, K)
+        group = [bodies[k] for k in members]
+        if first.transformer is not None and first.transformer.norm is not None:
+            group_tokens = _layer_norm(group_tokens.reshape(len(group), -1, group_tokens.shape[-1]),
+                                       [body.transformer.norm for body in group]).view(group_tokens.shape)
+        reprs = _linear(group_tokens, [body.representation_encoder for body in group])  # (K', B, L', d_repr)
+        for position, k in enumerate(members):
+            outputs[k] = (reprs[position, :, :2],
+                          None if flags[k] else reprs[position, :, 2:].reshape(B, 2, N, -1))
+    return outputs
 
 
 def _encode_tokens(bodies: Sequence[GraphIsomorphismAgentBody], pooled: Tensor, node_h: Tensor,
