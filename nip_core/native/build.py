@@ -1,7 +1,10 @@
 """Compile a C kernel on first use, cache the shared library, load it with ``ctypes``.
 
-The library is built with ``$CC`` (default ``cc``) for this machine's CPU (``-march=native``,
-retried without it if the compiler refuses) into a cache directory —
+The library is built with ``$CC`` (default ``cc``) for this machine's CPU (``-march=native
+-mprefer-vector-width=512``, retried with ``-march=native`` alone, then without it, if the
+compiler refuses; GCC prefers 256-bit vectors on Intel CPUs with AVX-512, so the loops it
+vectorises itself, such as the kernels' transposes, would be half-width there and their stores
+would miss store forwarding into the kernels' full-width loads) into a cache directory —
 ``$NIPFLOW_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/nipflow/native``, else
 ``~/.cache/nipflow/native`` — under a name that hashes the source, the compiler's version,
 the flags and the CPU's identity, so an edited source or header, another compiler or another CPU kind
@@ -82,7 +85,7 @@ def _build(source: Path, cc: str, version: str) -> Path:
     # the source and the headers it may include (nip_core/native/*.h)
     text = b"\0".join([source.read_bytes(), *(h.read_bytes() for h in sorted(source.parent.glob("*.h")))])
     errors = []
-    for march in (("-march=native",), ()):
+    for march in (("-march=native", "-mprefer-vector-width=512"), ("-march=native",), ()):
         flags = BASE_FLAGS + march
         key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(flags).encode(),
                                          _cpu_identity().encode()])).hexdigest()[:20]

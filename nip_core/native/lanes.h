@@ -28,10 +28,19 @@
 typedef float vf __attribute__((vector_size(LANES * 4), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(LANES * 4), aligned(4)));
 
+/* A vector with x in every lane (one broadcast; `{0} + x` cost an extra scalar add, which the
+ * compiler may not drop since 0 + -0 is +0). */
 static inline vf splat(float x) {
     vf out = {0};
     return out + x;
 }
+
+/* The LANES floats at p as one vector, one unaligned load. (A memcpy into a vector was copied by
+ * GCC in two half-width moves through the stack where it prefers 256-bit vectors, as it does for
+ * Intel CPUs with AVX-512 unless told otherwise: the full-width load after them missed store
+ * forwarding, a stall per load, a third of the MLP kernel's backward pass on an Intel Xeon.) */
+typedef float vf_unaligned __attribute__((vector_size(LANES * 4), aligned(4), may_alias));
+static inline vf load_vf(const float *p) { return *(const vf_unaligned *)p; }
 
 static inline vf lane_select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
 

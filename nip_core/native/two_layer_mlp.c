@@ -203,10 +203,9 @@ static inline void row_outer_part(const float *t, int64_t n_c, const float *cons
     vf sum[ROW_BLOCK];
     for (int64_t j = 0; j < width; j++) sum[j] = splat(0.0f);
     for (int64_t r = 0; r < n; r++) {
-        vf row;
-        memcpy(&row, rows[r] + v * LANES, sizeof row);
+        const vf row = load_vf(rows[r] + v * LANES);
         const float *tr = t + ((r / LANES) * n_c + c0) * LANES + r % LANES;
-        for (int64_t j = 0; j < width; j++) sum[j] += splat(tr[j * LANES]) * row;
+        for (int64_t j = 0; j < width; j++) sum[j] += tr[j * LANES] * row;  /* a broadcast operand */
     }
     for (int64_t j = 0; j < width; j++) acc[(c0 + j) * n_v + v] += sum[j];
 }
