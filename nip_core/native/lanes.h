@@ -164,13 +164,68 @@ static inline void float_to_bf16_n(const float *src, int64_t n, uint16_t *dst) {
 /* Elements per row that a full bf16 block converts at once, in a float buffer on the stack. */
 #define CONVERT_CHUNK 64
 
+#if defined(__AVX512F__) && LANES == 16
+#define LANES_TRANSPOSE 1
+/* out[i] lane v = in[v] lane i: a 16 x 16 transpose in registers (64 shuffles instead of 256
+ * scalar loads and stores). Rows 4g .. 4g + 3 are interleaved within each 128-bit lane (32-bit,
+ * then 64-bit unpacks), which leaves column 4 L + c of those rows in lane L of vector 4 g + c;
+ * then the 4 x 4 lanes of vectors c, 4 + c, 8 + c, 12 + c are transposed (two rounds of
+ * shuf_f32x4). Its own inverse. */
+static inline void transpose16(const __m512 *in, __m512 *out) {
+    __m512 u[16];
+    for (int g = 0; g < 4; g++) {
+        const __m512 t0 = _mm512_unpacklo_ps(in[4 * g], in[4 * g + 1]);
+        const __m512 t1 = _mm512_unpackhi_ps(in[4 * g], in[4 * g + 1]);
+        const __m512 t2 = _mm512_unpacklo_ps(in[4 * g + 2], in[4 * g + 3]);
+        const __m512 t3 = _mm512_unpackhi_ps(in[4 * g + 2], in[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t2)));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t1), _mm512_castps_pd(t3)));
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
+        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
+        out[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        out[4 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+        out[8 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        out[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+    }
+}
+
+/* dst[e][v] = row[v][e] for e < 16 (each row 16 floats where it lies), through transpose16. */
+static inline void gather_tile(const float *const *row, float *dst) {
+    __m512 in[16], out[16];
+    for (int v = 0; v < 16; v++) in[v] = _mm512_loadu_ps(row[v]);
+    transpose16(in, out);
+    for (int e = 0; e < 16; e++) _mm512_storeu_ps(dst + e * 16, out[e]);
+}
+
+/* row[v][e] = src[e][v] for e < 16: the inverse of gather_tile. */
+static inline void scatter_tile(const float *src, float *const *row) {
+    __m512 in[16], out[16];
+    for (int e = 0; e < 16; e++) in[e] = _mm512_loadu_ps(src + e * 16);
+    transpose16(in, out);
+    for (int v = 0; v < 16; v++) _mm512_storeu_ps(row[v], out[v]);
+}
+#endif
+
 /* dst[e][v] = row (g0 + v) of src, element e (rows of n values); lanes past the end are 0.
  * Element by element across the rows, so that every store fills a whole vector; bf16 rows are
  * converted a chunk of each row at a time first. */
 static inline void gather(const void *src, int bf16, int64_t g0, int64_t lanes, int64_t n, float *dst) {
     if (lanes == LANES && !bf16) {
         const float *rows = (const float *)src + g0 * n;
-        for (int64_t e = 0; e < n; e++)
+        int64_t e = 0;
+#if defined(LANES_TRANSPOSE)
+        for (; e + LANES <= n; e += LANES) {  /* whole tiles of 16 elements */
+            const float *row[LANES];
+            for (int64_t v = 0; v < LANES; v++) row[v] = rows + v * n + e;
+            gather_tile(row, dst + e * LANES);
+        }
+#endif
+        for (; e < n; e++)
             for (int64_t v = 0; v < LANES; v++) dst[e * LANES + v] = rows[v * n + e];
     } else if (lanes == LANES) {
         const uint16_t *rows = (const uint16_t *)src + g0 * n;
@@ -195,7 +250,15 @@ static inline void gather(const void *src, int bf16, int64_t g0, int64_t lanes, 
 static inline void scatter(const float *src, int bf16, int64_t g0, int64_t lanes, int64_t n, void *dst) {
     if (lanes == LANES && !bf16) {
         float *rows = (float *)dst + g0 * n;
-        for (int64_t e = 0; e < n; e++)
+        int64_t e = 0;
+#if defined(LANES_TRANSPOSE)
+        for (; e + LANES <= n; e += LANES) {
+            float *row[LANES];
+            for (int64_t v = 0; v < LANES; v++) row[v] = rows + v * n + e;
+            scatter_tile(src + e * LANES, row);
+        }
+#endif
+        for (; e < n; e++)
             for (int64_t v = 0; v < LANES; v++) rows[v * n + e] = src[e * LANES + v];
     } else if (lanes == LANES) {
         uint16_t *rows = (uint16_t *)dst + g0 * n;

@@ -118,7 +118,16 @@ static inline void gather_block(const void *src, int bf16, const int64_t *rows, 
     } else if (!bf16) {
         const float *row[LANES];
         for (int64_t v = 0; v < LANES; v++) row[v] = (const float *)src + rows[p + (v < lanes ? v : 0)] * n;
-        for (int64_t e = 0; e < n; e++)
+        int64_t e = 0;
+#if defined(LANES_TRANSPOSE)
+        if (lanes == LANES)
+            for (; e + LANES <= n; e += LANES) {  /* whole tiles of 16 elements */
+                const float *tile[LANES];
+                for (int64_t v = 0; v < LANES; v++) tile[v] = row[v] + e;
+                gather_tile(tile, dst + e * LANES);
+            }
+#endif
+        for (; e < n; e++)
             for (int64_t v = 0; v < LANES; v++) dst[e * LANES + v] = v < lanes ? row[v][e] : 0.0f;
     } else {
         for (int64_t v = 0; v < lanes; v++)
@@ -133,9 +142,18 @@ static inline void scatter_block(const float *src, int bf16, const int64_t *rows
     if (!rows) {
         scatter(src, bf16, p, lanes, n, dst);
     } else if (!bf16) {
+        int64_t e0 = 0;
+#if defined(LANES_TRANSPOSE)
+        if (lanes == LANES)
+            for (; e0 + LANES <= n; e0 += LANES) {  /* whole tiles of 16 elements */
+                float *tile[LANES];
+                for (int64_t v = 0; v < LANES; v++) tile[v] = (float *)dst + rows[p + v] * n + e0;
+                scatter_tile(src + e0 * LANES, tile);
+            }
+#endif
         for (int64_t v = 0; v < lanes; v++) {
             float *row = (float *)dst + rows[p + v] * n;
-            for (int64_t e = 0; e < n; e++) row[e] = src[e * LANES + v];
+            for (int64_t e = e0; e < n; e++) row[e] = src[e * LANES + v];
         }
     } else {
         scatter(src, bf16, 0, lanes, n, tmp);

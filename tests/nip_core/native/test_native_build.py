@@ -47,6 +47,23 @@ def test_a_build_lands_in_the_cache_directory_and_is_reused(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == built  # no partial files left behind
 
 
+def test_a_compiler_that_refuses_the_vector_width_preference_still_builds_for_this_cpu(tmp_path, monkeypatch):
+    """``-mprefer-vector-width=512`` goes with ``-march=native``; a compiler that refuses it gets
+    ``-march=native`` alone (this CPU's register width), not the generic build."""
+    seen = tmp_path / "seen"
+    cc = _compiler(tmp_path, "cc", f'echo "$@" >> {seen}\n'
+                   'for a in "$@"; do [ "$a" = -mprefer-vector-width=512 ] && exit 1; done; exec cc "$@"')
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path / "cache"))
+    library = build.load("self_attention", _declare)
+    flags = _cpu_flags()
+    assert library is not None
+    assert library.nip_self_attention_lanes() == (16 if "avx512f" in flags else 8 if "avx" in flags else 4)
+    builds = [line for line in seen.read_text().splitlines() if "self_attention.c" in line]
+    assert len(builds) == 2 and "-mprefer-vector-width=512" in builds[0].split()
+    assert "-march=native" in builds[1].split() and "-mprefer-vector-width=512" not in builds[1].split()
+
+
 def test_the_loaded_library_is_remembered_per_cache_directory(tmp_path, monkeypatch):
     # load() runs on every kernel call: a second call in the same place builds and declares nothing
     monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path / "a"))
