@@ -20,8 +20,8 @@
  * blocks, then over the lanes in order.
  *
  * rows (n_rows ascending row indices, or NULL for all M rows) are the rows computed: the others'
- * outputs are left as they are (the caller zeroes y) and their gradients, taken as zero, are not
- * read; their input gradients are left as they are (the caller zeroes gx). A GI body's GNN has
+ * outputs are set to 0 and their gradients, taken as zero, are not read; their input gradients
+ * are set to 0 (so the caller allocates y and gx without zeroing them). A GI body's GNN has
  * no use for the padding nodes' rows (the next layer's aggregation and the GNN's output mask
  * them), ~18 % of the rows in the paper's workload.
  */
@@ -169,6 +169,16 @@ static inline int64_t hidden_blocks(int64_t P) { return (P + NB * LANES - 1) / (
  * block s holds its dh activations as vectors at (k * hidden_blocks(P) + s) * dh * LANES. */
 int64_t nip_mlp2_hidden_size(int64_t K, int64_t P, int64_t dh) { return K * hidden_blocks(P) * dh * LANES; }
 
+/* Rows of an (M, n) tensor that are not in the ascending list rows set to 0 (elem bytes a value). */
+static void zero_other_rows(char *dst, size_t elem, const int64_t *rows, int64_t n_rows, int64_t M, int64_t n) {
+    int64_t next = 0;  /* the first row not yet passed */
+    for (int64_t p = 0; p <= n_rows; p++) {
+        const int64_t until = p < n_rows ? rows[p] : M;
+        if (until > next) memset(dst + (size_t)(next * n) * elem, 0, (size_t)((until - next) * n) * elem);
+        next = until + 1;
+    }
+}
+
 int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                      const float *w1, const float *b1, int act, const float *w2, const float *b2, void *y,
                      const int64_t *rows, int64_t n_rows, const int64_t *strides, float *hidden) {
@@ -183,6 +193,7 @@ int nip_mlp2_forward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout
     for (int64_t k = 0; k < K; k++) {
         const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
         char *yk = (char *)y + (size_t)(k * M * dout) * elem;
+        if (rows) zero_other_rows(yk, elem, rows, n_rows, M, dout);
         const float *w1k = weights_of(w1, k, din, dh, strides, w1_copy), *b1k = b1 + k * dh;
         const float *w2k = weights_of(w2, k, dh, dout, strides + 3, w2_copy), *b2k = b2 + k * dout;
         for (int64_t r0 = 0; r0 < P; r0 += NB * LANES) {
@@ -301,6 +312,7 @@ int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dou
         const char *xk = (const char *)x + (size_t)(k * M * din) * elem;
         const char *gyk = (const char *)gy + (size_t)(k * M * dout) * elem;
         char *gxk = (char *)gx + (size_t)(k * M * din) * elem;
+        if (rows) zero_other_rows(gxk, elem, rows, n_rows, M, din);
         const float *w1k = weights_of(w1, k, din, dh, strides, w1_copy), *b1k = b1 + k * dh;
         const float *w2k = weights_of(w2, k, dh, dout, strides + 3, w2_copy);
         memset(aw1, 0, (size_t)n_acc * sizeof(vf));

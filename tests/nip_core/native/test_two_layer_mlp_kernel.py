@@ -239,3 +239,26 @@ def test_kept_activations_give_the_gradients_of_the_recomputed_ones_bit_for_bit(
     with torch.no_grad():  # no backward pass to come: nothing kept
         stacked_two_layer_mlp(x, weights[0], weights[1], activation, weights[2], weights[3])
     assert calls == [True, False]
+
+
+def test_the_kernel_sets_the_rows_it_does_not_compute_to_zero_whatever_was_there():
+    """y and the input gradient are allocated without zeroing: the kernel writes 0 at the rows left
+    out (before the first row, between rows and after the last)."""
+    x, (w1, b1, w2, b2) = _inputs(M=150)
+    rows = torch.tensor([3, 4, 9, 40, 41, 42, 100, 148])
+    kernel, M = fused_mlp._kernel(), 150
+    y = torch.full((2, M, 8), float("nan"))
+    args = (2, M, 16, 24, 8, x.data_ptr(), 0, w1.data_ptr(), b1.data_ptr(), fused_mlp.ACTIVATIONS["tanh"])
+    assert kernel.nip_mlp2_forward(*args, w2.data_ptr(), b2.data_ptr(), y.data_ptr(), *fused_mlp._row_list(rows),
+                                   fused_mlp._strides(w1, w2), None) == 0
+    others = torch.ones(M, dtype=torch.bool).index_fill_(0, rows, False)
+    assert (y[:, others] == 0).all() and not y[:, rows].isnan().any()
+    expected = stacked_two_layer_mlp(x.detach()[:, rows], w1.detach(), b1.detach(), "tanh", w2.detach(), b2.detach())
+    assert torch.equal(y[:, rows], expected)
+    gy = torch.randn(2, M, 8)
+    gx = torch.full((2, M, 16), float("nan"))
+    grads = [torch.empty(t.shape) for t in (w1, b1, w2, b2)]
+    assert kernel.nip_mlp2_backward(*args, w2.data_ptr(), gy.data_ptr(), gx.data_ptr(),
+                                    *(g.data_ptr() for g in grads), *fused_mlp._row_list(rows),
+                                    fused_mlp._strides(w1, w2), None) == 0
+    assert (gx[:, others] == 0).all() and not gx[:, rows].isnan().any()

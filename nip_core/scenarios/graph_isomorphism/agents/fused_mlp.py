@@ -74,7 +74,7 @@ class _NativeStackedMlp(torch.autograd.Function):
                 rows: Tensor | None, keep_hidden: bool) -> Tensor:
         K, M, din = x.shape
         dh, dout = w1.shape[-1], w2.shape[-1]
-        y = x.new_empty(K, M, dout) if rows is None else x.new_zeros(K, M, dout)
+        y = x.new_empty(K, M, dout)  # the rows not computed are set to 0 by the kernel
         kernel = _kernel()
         hidden = None
         if keep_hidden:
@@ -101,7 +101,7 @@ class _NativeStackedMlp(torch.autograd.Function):
         K, M, din = x.shape
         dh, dout = w1.shape[-1], w2.shape[-1]
         grad_y = grad_y.to(x.dtype).contiguous()
-        grad_x = torch.empty_like(x) if rows is None else torch.zeros_like(x)
+        grad_x = torch.empty_like(x)  # the rows not computed: 0, set by the kernel
         grad_w1, grad_b1, grad_w2, grad_b2 = (torch.empty(t.shape) for t in (w1, b1, w2, b2))  # contiguous
         status = ctx.kernel.nip_mlp2_backward(K, M, din, dh, dout, x.data_ptr(), int(x.dtype == torch.bfloat16),
                                               w1.data_ptr(), b1.data_ptr(), ACTIVATIONS[ctx.activation],
