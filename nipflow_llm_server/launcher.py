@@ -341,6 +341,10 @@ def _autostarted_pid(data_dir: Path) -> int | None:
         return None
 
 
+def _say_stopped(data_dir: Path, pid: int) -> None:
+    logger.info("stopped the local API server of %s (pid %s), started for runs", data_dir, pid)
+
+
 def release_local_servers(timeout: float = 20.0) -> list[str]:
     """Leave every server this process joined through :func:`ensure_local_server`.
 
@@ -371,7 +375,7 @@ def release_local_servers(timeout: float = 20.0) -> list[str]:
             elif pid_alive(server_pid):
                 terminate_pid(server_pid, timeout)
             (data_dir / AUTOSTARTED_FILE).unlink(missing_ok=True)
-            logger.info("stopped the local API server of %s (pid %s), started for runs", data_dir, server_pid)
+            _say_stopped(data_dir, server_pid)
             stopped.append(str(data_dir))
     return stopped
 
@@ -424,8 +428,12 @@ def ensure_local_server(
                 raise
         except BaseException:  # stopped (Ctrl-C, SIGTERM) before the server was recorded as ours: stop it
             if not _in_use.get(data_dir):
+                pid = server.pid
                 server.stop()
                 (data_dir / AUTOSTARTED_FILE).unlink(missing_ok=True)
+                _client_file(data_dir, os.getpid()).unlink(missing_ok=True)
+                if pid is not None:  # it had started: say so, as release_local_servers does
+                    _say_stopped(data_dir, pid)
             raise
         # a server started outside this lock (nipflow api-server) holds the directory
         deadline = time.monotonic() + startup_timeout

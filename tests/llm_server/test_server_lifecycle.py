@@ -3,6 +3,7 @@ it, left alone when it was running before, and ``nipflow api-server stop``."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -109,6 +110,27 @@ def test_an_interrupt_while_the_server_starts_leaves_no_server_behind(tmp_path, 
     assert started and _wait_dead(started[0], timeout=5)  # stopped, not left detached
     assert read_server_file(data) is None and not (data / AUTOSTARTED_FILE).exists()
     assert release_local_servers() == []  # nothing recorded as in use
+
+
+def test_an_interrupt_after_autostarted_is_written_stops_the_server_and_says_so(tmp_path, monkeypatch, caplog):
+    # The window a signal can hit: autostarted.json is written, the use not yet recorded.
+    # The run's output must read as when release_local_servers stops it (the CLI tests wait
+    # for autostarted.json and then send the signal).
+    data = tmp_path / "llm"
+    seen = []
+
+    def interrupted_registration(data_dir, started):
+        seen.append((started.pid, (data_dir / AUTOSTARTED_FILE).exists()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launcher, "_register_use", interrupted_registration)
+    with caplog.at_level(logging.INFO, logger=launcher.logger.name), pytest.raises(KeyboardInterrupt):
+        ensure_local_server(data, job_time_scale=0.02)
+    [(pid, autostarted)] = seen
+    assert autostarted and _wait_dead(pid, timeout=5)
+    assert read_server_file(data) is None and not (data / AUTOSTARTED_FILE).exists()
+    assert f"stopped the local API server of {data.absolute()} (pid {pid}), started for runs" in caplog.messages
+    assert release_local_servers() == []
 
 
 def test_api_server_stop_by_data_dir_and_by_port(tmp_path, capsys):
