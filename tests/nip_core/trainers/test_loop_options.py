@@ -8,12 +8,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from nip_core.trainers import optim
 from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, tiny_params
 
 
 @pytest.mark.parametrize("name,cls,args", [
-    ("adam", torch.optim.Adam, {"betas": (0.8, 0.99)}),
-    ("adamw", torch.optim.AdamW, {"weight_decay": 0.01}),
+    ("adam", optim.FusedAdam, {"betas": (0.8, 0.99)}),  # torch's Adam(W), one kernel call per settings
+    ("adamw", optim.FusedAdamW, {"weight_decay": 0.01}),
     ("sgd", torch.optim.SGD, {"momentum": 0.9}),
     ("rmsprop", torch.optim.RMSprop, {"momentum": 0.5}),
     ("adagrad", torch.optim.Adagrad, {}),
@@ -22,6 +23,7 @@ def test_the_chosen_optimizer_trains_with_its_arguments(tmp_path, name, cls, arg
     hp = tiny_params(rl=dict(optimizer=name, **args))
     trainer = make_trainer(hp, tmp_path)
     assert type(trainer.optimizer) is cls
+    assert isinstance(trainer.optimizer, {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}.get(name, cls))
     for key, value in args.items():
         assert trainer.optimizer.param_groups[0][key] == value
     before = params_of(trainer)
@@ -54,7 +56,7 @@ def test_gradient_accumulation_averages_minibatch_gradients_into_one_step(tmp_pa
     for p, a, b in zip(params, grads_a, grads_b):
         p.grad = a + b  # what two backward passes accumulate
     seen = {}
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda ps, n: seen.setdefault("g", [p.grad.clone() for p in ps]))
+    monkeypatch.setattr(optim, "clip_grad_norm", lambda ps, n: seen.setdefault("g", [p.grad.clone() for p in ps]))
     monkeypatch.setattr(accumulating.optimizer, "step", lambda *a, **k: None)
     accumulating._optimizer_step(params, [], 2)
     assert all(torch.equal(g, torch.full_like(g, 2.0)) for g in seen["g"])

@@ -185,10 +185,7 @@ class GraphIsomorphismAgentBody(TensorDictAgentPartMixin, AgentBody):
         if self.transformer is not None:
             # Additive attention mask (B, 1, L, L): node tokens do not see the nodes of their
             # own graph, and nobody sees absent nodes.
-            key_absent = torch.cat([node_mask.new_zeros(B, 2), ~node_mask.reshape(B, 2 * N)], dim=1)
-            blocked = self.same_graph_mask.unsqueeze(0) | key_absent.unsqueeze(1)
-            attn_mask = torch.zeros(blocked.shape, device=tokens.device, dtype=tokens.dtype)
-            attn_mask = attn_mask.masked_fill_(blocked, float("-inf")).unsqueeze(1)
+            attn_mask = attention_mask(self.same_graph_mask, node_mask, tokens.dtype)
             for layer in self.transformer.layers:
                 tokens = encoder_layer_forward(layer, tokens, attn_mask)
             if self.transformer.norm is not None:
@@ -210,6 +207,21 @@ class GraphIsomorphismAgentBody(TensorDictAgentPartMixin, AgentBody):
         node_tokens = torch.addmm(bias, node_h.reshape(-1, a), w_repr.t()).reshape(*node_h.shape[:2], -1)
         node_tokens = node_tokens + msg @ w_msg.t()
         return torch.cat([pooled_tokens.to(node_tokens.dtype), node_tokens], dim=1)
+
+
+def attention_mask(same_graph: Tensor, node_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The additive attention mask ``(B, 1, L, L)`` of the tokens ``[2 pooled | 2N nodes]``: ``-inf``
+    where ``same_graph (L, L)`` is true (a node token and a node of its own graph) or the key is an
+    absent node (``node_mask (B, 2, N)`` false), else 0.
+
+    Built as the sum of the two broadcast terms: one pass over the ``(B, L, L)`` result (a boolean
+    or of the broadcasts and a masked fill, as written before, took ten times longer on a CPU).
+    """
+    B, L = node_mask.shape[0], same_graph.shape[-1]
+    blocked_pairs = torch.zeros(L, L, dtype=dtype, device=node_mask.device).masked_fill_(same_graph, float("-inf"))
+    absent_keys = torch.zeros(B, 1, L, dtype=dtype, device=node_mask.device)
+    absent_keys[:, :, 2:].masked_fill_(~node_mask.reshape(B, 1, L - 2), float("-inf"))
+    return (blocked_pairs + absent_keys).unsqueeze(1)
 
 
 def encoder_layer_forward(layer: nn.TransformerEncoderLayer, x: Tensor, attn_mask: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from nip_core.agents.mlp import FastTanh
 from nip_core.scenarios.graph_isomorphism.agents.aggregation import gin_aggregate
 from nip_core.scenarios.graph_isomorphism.agents.attention import self_attention
-from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody, compute_dtype
+from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody, attention_mask, compute_dtype
 from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import folded_tanh_mlp, stacked_two_layer_mlp
 from nip_core.scenarios.graph_isomorphism.agents.layer_norm import stacked_layer_norm
 
@@ -154,6 +154,22 @@ def _take(t: Tensor, index: slice | Tensor) -> Tensor:
     return t[index] if isinstance(index, slice) else t.index_select(0, index.to(t.device))
 
 
+def _parts(t: Tensor, groups: Sequence[tuple[slice | Tensor, bool]]) -> list[Tensor]:
+    """``[_take(t, index) for index, _ in groups]``. Where the groups are runs that together cover
+    ``t``'s bodies, ``t`` itself (one group) or one split of it: slicing each part out would zero-fill
+    a gradient of the whole of ``t`` per part in the backward pass and add them, a split writes it once."""
+    spans = sorted((index.start, index.stop, at) for at, (index, _) in enumerate(groups) if isinstance(index, slice))
+    if len(spans) != len(groups) or [start for start, _, _ in spans] != [0] + [stop for _, stop, _ in spans[:-1]] \
+            or spans[-1][1] != t.shape[0]:
+        return [_take(t, index) for index, _ in groups]
+    if len(spans) == 1:
+        return [t]
+    out: list[Tensor] = [t] * len(groups)
+    for (_, _, at), part in zip(spans, t.split([stop - start for start, stop, _ in spans])):
+        out[at] = part
+    return out
+
+
 def _members(index: slice | Tensor, K: int) -> list[int]:
     """The body numbers of a group index of :func:`_groups`."""
     return list(range(K)[index]) if isinstance(index, slice) else index.tolist()
@@ -196,10 +212,11 @@ def _encoder_layer(layers: Sequence[nn.TransformerEncoderLayer], x: Tensor, attn
         return dropout(_linear(hidden, seconds), p_drop)
 
     out = []
-    for index, narrow in _groups(graph_only if graph_only is not None else [False] * x.shape[0]):
+    groups = _groups(graph_only if graph_only is not None else [False] * x.shape[0])
+    for (index, narrow), part in zip(groups, _parts(x, groups)):
         group = [layers[k] for k in _members(index, x.shape[0])]
         K, rows = len(group), 2 if narrow else L
-        xg = _take(x, index).reshape(K, B * L, d)
+        xg = part.reshape(K, B * L, d)
         norm1, norm2 = [layer.norm1 for layer in group], [layer.norm2 for layer in group]
 
         def kept(t: Tensor) -> Tensor:  # the rows computed past the attention
@@ -262,18 +279,15 @@ def stacked_bodies_forward(bodies: Sequence[GraphIsomorphismAgentBody], x: Tenso
     tokens = _encode_tokens(bodies, pooled, h.reshape(K, B, 2 * N, -1), msg)  # (K, B, L, d_t)
     flags = list(graph_only) if graph_only is not None else [False] * K
     if first.transformer is not None:
-        key_absent = torch.cat([node_mask.new_zeros(B, 2), ~node_mask.reshape(B, 2 * N)], dim=1)
-        blocked = first.same_graph_mask.unsqueeze(0) | key_absent.unsqueeze(1)
-        attn_mask = torch.zeros(blocked.shape, device=tokens.device, dtype=tokens.dtype)
-        attn_mask = attn_mask.masked_fill_(blocked, float("-inf")).unsqueeze(1)
+        attn_mask = attention_mask(first.same_graph_mask, node_mask, tokens.dtype)
         depths = len(first.transformer.layers)
         for depth in range(depths):  # every token is a key of the next layer: narrowed in the last only
             layers = [body.transformer.layers[depth] for body in bodies]
             groups = _encoder_layer(layers, tokens, attn_mask, flags if depth == depths - 1 else None)
             tokens = groups[0][1] if depth < depths - 1 else tokens
     else:
-        groups = [(index, _take(tokens, index)[:, :, :2] if narrow else _take(tokens, index))
-                  for index, narrow in _groups(flags)]
+        groups = [(index, part[:, :, :2] if narrow else part)
+                  for (index, narrow), part in zip(_groups(flags), _parts(tokens, _groups(flags)))]
     outputs: list[tuple[Tensor, Tensor | None]] = [None] * K  # type: ignore[list-item]
     for index, group_tokens in groups:
         members = _members(index, K)
@@ -282,9 +296,13 @@ def stacked_bodies_forward(bodies: Sequence[GraphIsomorphismAgentBody], x: Tenso
             group_tokens = _layer_norm(group_tokens.reshape(len(group), -1, group_tokens.shape[-1]),
                                        [body.transformer.norm for body in group]).view(group_tokens.shape)
         reprs = _linear(group_tokens, [body.representation_encoder for body in group])  # (K', B, L', d_repr)
-        for position, k in enumerate(members):
-            outputs[k] = (reprs[position, :, :2],
-                          None if flags[k] else reprs[position, :, 2:].reshape(B, 2, N, -1))
+        # graph-level and node-level parts by one split and unbind (views whose backward passes write
+        # the gradient once, where indexing zero-fills one per part)
+        graph_level, node_level = (reprs, None) if reprs.shape[2] == 2 else reprs.split([2, reprs.shape[2] - 2], dim=2)
+        graph_levels = graph_level.unbind(0)
+        node_levels = node_level.unbind(0) if node_level is not None else [None] * len(members)
+        for k, graph_repr, node_repr in zip(members, graph_levels, node_levels):
+            outputs[k] = (graph_repr, None if flags[k] else node_repr.reshape(B, 2, N, -1))
     return outputs
 
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from nip_core.agents.mlp import FastTanh, two_layer_mlp
 from nip_core.scenarios.graph_isomorphism.agents.attention import _Attention, attention_core
+from nip_core.scenarios.graph_isomorphism.agents.body import attention_mask
 from nip_core.trainers.optim import build_optimizer
 
 
@@ -71,6 +72,25 @@ def test_two_layer_mlp_equals_the_sequential_mlp(activation):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
     small = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda t: two_layer_mlp(t, *mlp), (small,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_attention_mask_blocks_own_graph_node_pairs_and_absent_keys(dtype):
+    N = 3
+    L = 2 + 2 * N
+    same_graph = torch.zeros(L, L, dtype=torch.bool)
+    same_graph[2:2 + N, 2:2 + N] = same_graph[2 + N:, 2 + N:] = True
+    node_mask = torch.tensor([[[True, True, False], [True, False, False]],
+                              [[True, True, True], [True, True, True]]])
+    mask = attention_mask(same_graph, node_mask, dtype)
+    assert mask.shape == (2, 1, L, L) and mask.dtype == dtype
+    # the mask as a boolean or of the two conditions, filled: what the sum replaced
+    key_absent = torch.cat([torch.zeros(2, 2, dtype=torch.bool), ~node_mask.reshape(2, 2 * N)], dim=1)
+    blocked = same_graph.unsqueeze(0) | key_absent.unsqueeze(1)
+    expected = torch.zeros(blocked.shape, dtype=dtype).masked_fill_(blocked, float("-inf")).unsqueeze(1)
+    assert torch.equal(mask, expected)
+    assert mask[0, 0, 0, 4] == float("-inf") and mask[0, 0, 2, 3] == float("-inf")  # absent key; own graph
+    assert mask[0, 0, 2, 5] == 0 and mask[1, 0, 0, 7] == 0 and not mask.isnan().any()
 
 
 def test_adam_is_fused_and_a_checkpoint_of_the_loop_resumes_as_the_loop():
