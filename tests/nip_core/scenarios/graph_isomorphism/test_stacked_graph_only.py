@@ -83,3 +83,25 @@ def test_policy_and_value_runs_the_value_bodies_for_their_graph_level_result_alo
     _, _, values = agents.policy_and_value(td)
     assert seen == [([False, True], [False, True])] * len(agents.agent_names)
     torch.testing.assert_close(values, agents.value(td), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("flags", [[False, False, False], [False, True, True], [True, False, False],
+                                   [False, True, False]])
+def test_the_groups_parts_are_the_bodies_they_name_and_pass_their_gradients(flags):
+    """Groups that are runs covering every body come out of one split (or the tensor itself); others,
+    by indexing. Either way each part holds its bodies, and the gradient is that of slicing them out."""
+    groups = stacked._groups(flags)
+    t = torch.randn(len(flags), 3, 2, requires_grad=True)
+    parts = stacked._parts(t, groups)
+    sliced = [stacked._take(t, index) for index, _ in groups]
+    assert len(parts) == len(groups)
+    for part, expected, (index, _) in zip(parts, sliced, groups):
+        assert torch.equal(part, expected)
+        if isinstance(index, slice):  # views of t, no copies
+            assert part.data_ptr() == t[index].data_ptr()
+    if flags == [False, False, False]:
+        assert parts[0] is t
+    weights = [torch.randn(p.shape) for p in parts]
+    (got,) = torch.autograd.grad(sum((w * p).sum() for w, p in zip(weights, parts)), t)
+    (want,) = torch.autograd.grad(sum((w * p).sum() for w, p in zip(weights, sliced)), t)
+    assert torch.equal(got, want)
