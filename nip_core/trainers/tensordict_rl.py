@@ -371,7 +371,7 @@ class TensorDictRlTrainer(TensorDictCheckpointMixin, TensorDictTrainer):
         with timer.phase("update"):
             self.replay_buffer = self._get_replay_buffer()
             with _quiet_torchrl():
-                self.replay_buffer.extend(batch.reshape(-1))
+                self.replay_buffer.extend(getattr(self.loss_module, "minibatch_source", lambda b: b)(batch).reshape(-1))
             self.active_agents = active
             mean_losses = self._train_on_replay_buffer()
         stats = self._get_log_stats(batch, mean_losses, train=True)

@@ -103,6 +103,16 @@ class NipLossModule(LossModule):
 
     # -- keys and value estimator -------------------------------------------------------------
 
+    def minibatch_source(self, batch: TensorDictBase) -> TensorDictBase:
+        """What the update's minibatches are drawn from: ``batch`` without its ``"next"`` half.
+
+        ``forward`` reads the step's own entries (:attr:`read_keys` and the agents' observations),
+        nothing of the next step once the advantages are in. Sampling a minibatch indexes every
+        leaf, and ``"next"`` holds 16 of a GI batch's 38 leaves and half its bytes. (The trainer
+        hands a loss module without this method the whole batch.)
+        """
+        return batch.exclude("next")
+
     def default_keys(self) -> _AcceptedKeys:
         """The keys ``set_keys(name=None)`` goes back to (``action`` is the message key)."""
         return self._AcceptedKeys(action=("agents", self._message_key))

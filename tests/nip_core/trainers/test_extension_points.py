@@ -171,6 +171,18 @@ def test_the_replay_buffer_hands_minibatches_on_the_trainers_device(tmp_path):
     assert buffer.sample()["obs"].device.type == "meta"
 
 
+def test_nipflows_losses_sample_minibatches_without_the_next_step_and_a_foreign_loss_gets_it(tmp_path):
+    """The update's minibatches: nipflow's loss modules read nothing under "next" (the advantages are
+    in by then), so the buffer leaves it out; a loss module from elsewhere gets the whole batch."""
+    for cls, has_next in ((VanillaPpoTrainer, False), (GuideLossTrainer, True)):
+        trainer = build(cls, tmp_path / cls.__name__)
+        trainer.run_iterations(0, 1)
+        minibatch = trainer.replay_buffer.sample()
+        assert ("next" in minibatch.keys()) is has_next, cls.__name__
+        assert {"x", "adjacency", ("agents", "advantage"), ("agents", "sample_log_prob")} <= set(
+            minibatch.keys(include_nested=True, leaves_only=True))
+
+
 class GuideLoops(VanillaPpoTrainer):
     """The loops overridden with the guide's signatures: ``(self, iteration_context)``."""
 
