@@ -114,7 +114,7 @@ def profile_update(precision: str, workload: str = "paper") -> tuple[dict[str, d
 
         def update():
             trainer.replay_buffer = trainer._get_replay_buffer()
-            trainer.replay_buffer.extend(batch.reshape(-1))
+            trainer.replay_buffer.extend(trainer.loss_module.minibatch_source(batch).reshape(-1))  # as the trainer
             trainer.active_agents = active
             trainer._train_on_replay_buffer()
 
