@@ -57,13 +57,19 @@ def test_the_one_call_step_is_bit_identical_to_torchs_fused_step(fast, reference
     assert ours_opt.state[ours[0]]["step"].item() == 4.0
 
 
-def test_groups_of_equal_settings_share_one_kernel_call(monkeypatch):
+def _stepped_once() -> tuple[FusedAdam, list[nn.Parameter]]:
+    """A fused FusedAdam over :func:`_groups` after its first step (torch's own: it creates the state)."""
     groups = _groups(0)
     optimizer = FusedAdam(groups, betas=(0.9, 0.99), eps=1e-5, fused=True)
     params = [p for g in groups for p in g["params"]]
     for p in params:
         p.grad = torch.ones_like(p)
-    optimizer.step()  # the first step is torch's own: it creates the state
+    optimizer.step()
+    return optimizer, params
+
+
+def test_groups_of_equal_settings_share_one_kernel_call(monkeypatch):
+    optimizer, params = _stepped_once()
     calls = []
     kernel = torch._fused_adam_
     monkeypatch.setattr(torch, "_fused_adam_", lambda params, *a, **k: (calls.append(len(params)), kernel(params, *a, **k)))
@@ -75,13 +81,8 @@ def test_groups_of_equal_settings_share_one_kernel_call(monkeypatch):
     assert all(optimizer.state[p]["step"].item() == 2.0 for p in params)
 
 
-def test_a_closure_a_scaler_or_a_non_fused_group_takes_torchs_step(monkeypatch):
-    groups = _groups(0)
-    optimizer = FusedAdam(groups, betas=(0.9, 0.99), eps=1e-5, fused=True)
-    params = [p for g in groups for p in g["params"]]
-    for p in params:
-        p.grad = torch.ones_like(p)
-    optimizer.step()
+def test_a_closure_a_scaler_or_a_non_fused_group_takes_torchs_step():
+    optimizer, _ = _stepped_once()
     assert optimizer._one_call_plan() is not None
     optimizer.grad_scale = torch.ones(())
     assert optimizer._one_call_plan() is None
