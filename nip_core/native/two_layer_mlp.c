@@ -121,7 +121,7 @@ static inline void gather_block(const void *src, int bf16, const int64_t *rows, 
         int64_t e = 0;
 #if defined(LANES_TRANSPOSE)
         if (lanes == LANES)
-            for (; e + LANES <= n; e += LANES) {  /* whole tiles of 16 elements */
+            for (; e + LANES <= n; e += LANES) {  /* whole tiles of LANES elements */
                 const float *tile[LANES];
                 for (int64_t v = 0; v < LANES; v++) tile[v] = row[v] + e;
                 gather_tile(tile, dst + e * LANES);
@@ -145,7 +145,7 @@ static inline void scatter_block(const float *src, int bf16, const int64_t *rows
         int64_t e0 = 0;
 #if defined(LANES_TRANSPOSE)
         if (lanes == LANES)
-            for (; e0 + LANES <= n; e0 += LANES) {  /* whole tiles of 16 elements */
+            for (; e0 + LANES <= n; e0 += LANES) {  /* whole tiles of LANES elements */
                 float *tile[LANES];
                 for (int64_t v = 0; v < LANES; v++) tile[v] = (float *)dst + rows[p + v] * n + e0;
                 scatter_tile(src + e0 * LANES, tile);
