@@ -194,21 +194,11 @@ static inline void transpose16(const __m512 *in, __m512 *out) {
     }
 }
 
-/* dst[e][v] = row[v][e] for e < 16 (each row 16 floats where it lies), through transpose16. */
-static inline void gather_tile(const float *const *row, float *dst) {
-    __m512 in[16], out[16];
-    for (int v = 0; v < 16; v++) in[v] = _mm512_loadu_ps(row[v]);
-    transpose16(in, out);
-    for (int e = 0; e < 16; e++) _mm512_storeu_ps(dst + e * 16, out[e]);
-}
-
-/* row[v][e] = src[e][v] for e < 16: the inverse of gather_tile. */
-static inline void scatter_tile(const float *src, float *const *row) {
-    __m512 in[16], out[16];
-    for (int e = 0; e < 16; e++) in[e] = _mm512_loadu_ps(src + e * 16);
-    transpose16(in, out);
-    for (int v = 0; v < 16; v++) _mm512_storeu_ps(row[v], out[v]);
-}
+/* what gather_tile and scatter_tile (below) use with AVX-512 */
+typedef __m512 tile_vec;
+#define TILE_LOAD _mm512_loadu_ps
+#define TILE_STORE _mm512_storeu_ps
+#define TILE_TRANSPOSE transpose16
 #elif defined(__AVX__) && LANES == 8
 #define LANES_TRANSPOSE 1
 /* out[i] lane v = in[v] lane i: an 8 x 8 transpose in registers (24 shuffles instead of 64
@@ -234,20 +224,29 @@ static inline void transpose8(const __m256 *in, __m256 *out) {
     }
 }
 
-/* dst[e][v] = row[v][e] for e < 8 (each row 8 floats where it lies), through transpose8. */
+/* what gather_tile and scatter_tile (below) use with AVX */
+typedef __m256 tile_vec;
+#define TILE_LOAD _mm256_loadu_ps
+#define TILE_STORE _mm256_storeu_ps
+#define TILE_TRANSPOSE transpose8
+#endif
+
+#if defined(LANES_TRANSPOSE)
+/* dst[e][v] = row[v][e] for e < LANES (each row LANES floats where it lies): one tile through the
+ * register transpose of this instruction set. */
 static inline void gather_tile(const float *const *row, float *dst) {
-    __m256 in[8], out[8];
-    for (int v = 0; v < 8; v++) in[v] = _mm256_loadu_ps(row[v]);
-    transpose8(in, out);
-    for (int e = 0; e < 8; e++) _mm256_storeu_ps(dst + e * 8, out[e]);
+    tile_vec in[LANES], out[LANES];
+    for (int v = 0; v < LANES; v++) in[v] = TILE_LOAD(row[v]);
+    TILE_TRANSPOSE(in, out);
+    for (int e = 0; e < LANES; e++) TILE_STORE(dst + e * LANES, out[e]);
 }
 
-/* row[v][e] = src[e][v] for e < 8: the inverse of gather_tile. */
+/* row[v][e] = src[e][v] for e < LANES: the inverse of gather_tile. */
 static inline void scatter_tile(const float *src, float *const *row) {
-    __m256 in[8], out[8];
-    for (int e = 0; e < 8; e++) in[e] = _mm256_loadu_ps(src + e * 8);
-    transpose8(in, out);
-    for (int v = 0; v < 8; v++) _mm256_storeu_ps(row[v], out[v]);
+    tile_vec in[LANES], out[LANES];
+    for (int e = 0; e < LANES; e++) in[e] = TILE_LOAD(src + e * LANES);
+    TILE_TRANSPOSE(in, out);
+    for (int v = 0; v < LANES; v++) TILE_STORE(row[v], out[v]);
 }
 #endif
 
