@@ -60,10 +60,7 @@ def test_each_stacked_mlp_is_computed_as_if_alone():
         assert torch.equal(g_together[1:2], g_alone[1:2])
 
 
-@pytest.mark.parametrize("native_bf16", [True, False])
-def test_bfloat16_rows_take_the_kernel_and_autocast_takes_bf16_products_where_they_are_native(monkeypatch,
-                                                                                              native_bf16):
-    monkeypatch.setattr(fused_mlp, "cpu_has_native_bf16", lambda: native_bf16)
+def test_bfloat16_rows_and_cpu_autocast_take_the_kernel():
     x, weights = _inputs()
     x_bf16 = x.detach().bfloat16().requires_grad_()
     y = stacked_two_layer_mlp(x_bf16, *weights[:2], "relu", *weights[2:])
@@ -73,18 +70,16 @@ def test_bfloat16_rows_take_the_kernel_and_autocast_takes_bf16_products_where_th
     torch.testing.assert_close(y.double(), expected, rtol=1e-2, atol=1e-2)  # bf16 output rounding
     (grad_x, grad_w1) = torch.autograd.grad(y.float().sum(), [x_bf16, weights[0]])
     assert grad_x.dtype == torch.bfloat16 and grad_w1.dtype == torch.float32
-    # under autocast: bf16 products where the CPU has native bf16 (faster there than the kernel);
-    # without it the kernel, on the rows and weights rounded to bf16 as autocast rounds them
+    # under autocast, on any CPU: the kernel, on the rows and weights rounded to bf16 as autocast
+    # rounds a product's operands
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = stacked_two_layer_mlp(x, *weights[:2], "relu", *weights[2:])
-    kernel = type(y.grad_fn).__name__ == "_NativeStackedMlpBackward"
-    assert y.dtype == torch.bfloat16 and kernel != native_bf16
+    assert y.dtype == torch.bfloat16 and type(y.grad_fn).__name__ == "_NativeStackedMlpBackward"
     torch.testing.assert_close(y.double(), expected, rtol=3e-2, atol=3e-2)
-    if not native_bf16:
-        rounded = [t.detach().bfloat16() for t in (x, *weights)]
-        assert torch.equal(y, stacked_two_layer_mlp(rounded[0], *rounded[1:3], "relu", *rounded[3:]))
-        grads = torch.autograd.grad(y.float().sum(), weights)
-        assert all(g.dtype == torch.float32 and torch.equal(g, g.bfloat16().float()) for g in grads)
+    rounded = [t.detach().bfloat16() for t in (x, *weights)]
+    assert torch.equal(y, stacked_two_layer_mlp(rounded[0], *rounded[1:3], "relu", *rounded[3:]))
+    grads = torch.autograd.grad(y.float().sum(), weights)
+    assert all(g.dtype == torch.float32 and torch.equal(g, g.bfloat16().float()) for g in grads)
 
 
 def test_folded_tanh_is_tanh():

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import _get_current_function_mode_stack
 
-from nip_core.scenarios.graph_isomorphism.agents import fused_mlp
 from nip_core.trainers import precision as precision_module
 from nip_core.trainers.precision import Float32Bf16Products, precision_context
 from tests.nip_core.trainers.gi_helpers import make_trainer, params_of, tiny_params
@@ -107,8 +106,7 @@ def test_precision_context_computes_bf16_products_in_float32_only_without_native
 
 @pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "float32-products"])
 def test_bf16_resume_is_bit_identical_either_way_bf16_products_run(tmp_path, monkeypatch, native):
-    for module in (precision_module, fused_mlp):
-        monkeypatch.setattr(module, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(precision_module, "cpu_has_native_bf16", lambda: native)
     hp = tiny_params(agents={"_default": AGENT}, rl=dict(precision="bf16"))
     straight = make_trainer(hp, tmp_path / "a")
     straight.run_iterations(0, 3)

@@ -17,7 +17,6 @@ from torch import Tensor
 
 from nip_core.native.build import check_status, load
 from nip_core.scenarios.graph_isomorphism.agents.attention import autocast_enabled
-from nip_core.utils.cpu import cpu_has_native_bf16
 
 ACTIVATIONS = {"relu": 0, "sigmoid": 1, "tanh": 2}
 CHUNK = 8  # two_layer_mlp.c's register blocking
@@ -129,16 +128,18 @@ def stacked_two_layer_mlp(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2
     ``b2`` ``(K, dout)``; ``activation`` is ``"relu"``, ``"sigmoid"`` or ``"tanh"``. ``rows`` (ascending int64
     indices into ``M``, the same for every ``k``), when given, are the rows computed: every other
     row of the result is 0 (and passes no gradient back). A GI body's GNN leaves the padding
-    nodes out this way. Under autocast on a CPU
-    with native bf16 the batched products run in the autocast dtype (there they are faster than
-    the kernel's float32 arithmetic: measured 1.07x against 1.25-1.33x over f717b65 with the
-    kernel under bf16, docs/performance.md). Otherwise float32 rows, and under CPU autocast
-    without native bf16 the rows and weights rounded to bf16 (as autocast casts them), take the
-    kernel: float32 arithmetic, the hidden layer kept in float32, the result in the rows' dtype.
+    nodes out this way. Float32 rows take the kernel, and so do bf16 ones: float32 arithmetic,
+    the hidden layer kept in float32, the result in the rows' dtype. Under CPU bf16 autocast the
+    rows and the weights are first rounded to bf16, as autocast casts a product's operands, and
+    the kernel runs on them, on CPUs with native bf16 too: there it measured 1.06x (an Intel Xeon
+    with AMX) and 1.26x (an Intel Xeon with AVX512-BF16 alone) faster per step than oneDNN's bf16
+    batched products (docs/performance.md; on an AMD EPYC Zen 4 the products were faster than the
+    kernel of 2026-12-03, slower than today's). Elsewhere (CUDA, other dtypes, sizes the kernel does
+    not take) the batched products, in the autocast dtype under autocast.
     """
     if autocast_enabled(x):
         dtype = torch.get_autocast_dtype(x.device.type)
-        if x.device.type != "cpu" or dtype != torch.bfloat16 or cpu_has_native_bf16():
+        if x.device.type != "cpu" or dtype != torch.bfloat16:
             return _composed(x.to(dtype), w1, b1, activation, w2, b2, rows)
         x = x.to(dtype)
         w1, b1, w2, b2 = (t.to(dtype) for t in (w1, b1, w2, b2))
