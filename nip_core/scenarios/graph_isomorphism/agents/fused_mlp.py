@@ -134,8 +134,9 @@ def stacked_two_layer_mlp(x: Tensor, w1: Tensor, b1: Tensor, activation: str, w2
     the kernel runs on them, on CPUs with native bf16 too: there it measured 1.06x (an Intel Xeon
     with AMX) and 1.26x (an Intel Xeon with AVX512-BF16 alone) faster per step than oneDNN's bf16
     batched products (docs/performance.md; on an AMD EPYC Zen 4 the products were faster than the
-    kernel of 2026-12-03, slower than today's). Elsewhere (CUDA, other dtypes, sizes the kernel does
-    not take) the batched products, in the autocast dtype under autocast.
+    slower kernel of 2026-12-03, and have not been measured against today's). Elsewhere (CUDA,
+    other dtypes, sizes the kernel does not take) the batched products, in the autocast dtype
+    under autocast.
     """
     if autocast_enabled(x):
         dtype = torch.get_autocast_dtype(x.device.type)
