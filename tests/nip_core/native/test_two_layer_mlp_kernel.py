@@ -12,6 +12,7 @@ from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import (
     native_mlp_applies,
     stacked_two_layer_mlp,
 )
+from nip_core.utils import cpu as cpu_module
 
 
 def _inputs(K=2, M=150, din=16, dh=24, dout=8, dtype=torch.float32, seed=0):
@@ -60,7 +61,12 @@ def test_each_stacked_mlp_is_computed_as_if_alone():
         assert torch.equal(g_together[1:2], g_alone[1:2])
 
 
-def test_bfloat16_rows_and_cpu_autocast_take_the_kernel():
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_bfloat16_rows_and_cpu_autocast_take_the_kernel(monkeypatch, native_bf16):
+    # whatever the CPU says of bf16 (patched where the rule was read, so that a rule read again
+    # fails on every machine, not only on one with native bf16)
+    monkeypatch.setattr(cpu_module, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(fused_mlp, "cpu_has_native_bf16", lambda: native_bf16, raising=False)
     x, weights = _inputs()
     x_bf16 = x.detach().bfloat16().requires_grad_()
     y = stacked_two_layer_mlp(x_bf16, *weights[:2], "relu", *weights[2:])
