@@ -11,6 +11,7 @@ own up to float rounding (batched products may sum in another order).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -25,6 +26,13 @@ from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import folded_tanh_ml
 from nip_core.scenarios.graph_isomorphism.agents.layer_norm import stacked_layer_norm
 
 
+# The parameter names and shapes of each body that has been asked about, remembered: walking a GI body's
+# modules for them took ~0.1 ms, and :func:`can_stack` runs twice a minibatch step. A body's parameters
+# keep their shapes once it is built (nipflow never replaces them); one replaced afterwards by a tensor
+# of another shape makes the stacked forward pass's ``torch.stack`` fail, naming the shapes.
+_parameter_shapes: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+
+
 def _structure(body: nn.Module) -> tuple:
     """What must agree between bodies for them to run stacked: settings and parameter shapes."""
     if type(body) is not GraphIsomorphismAgentBody:
@@ -36,7 +44,10 @@ def _structure(body: nn.Module) -> tuple:
                 body.transformer is not None and body.transformer.norm is None,
                 tuple((layer.norm_first, layer.activation, layer.dropout.p, layer.self_attn.dropout,
                        layer.norm1.eps, layer.norm2.eps) for layer in layers))
-    return settings + tuple((name, tuple(p.shape)) for name, p in body.named_parameters())
+    shapes = _parameter_shapes.get(body)
+    if shapes is None:
+        shapes = _parameter_shapes[body] = tuple((name, tuple(p.shape)) for name, p in body.named_parameters())
+    return settings + shapes
 
 
 def can_stack(bodies: Sequence[nn.Module]) -> bool:

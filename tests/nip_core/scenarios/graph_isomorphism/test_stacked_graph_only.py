@@ -105,3 +105,27 @@ def test_the_groups_parts_are_the_bodies_they_name_and_pass_their_gradients(flag
     (got,) = torch.autograd.grad(sum((w * p).sum() for w, p in zip(weights, parts)), t)
     (want,) = torch.autograd.grad(sum((w * p).sum() for w, p in zip(weights, sliced)), t)
     assert torch.equal(got, want)
+
+
+def test_can_stack_remembers_parameter_shapes_but_reads_settings_every_time(tmp_path):
+    """The parameter walk is remembered per body (it ran twice a minibatch step); a setting changed on one
+    body after a stacked pass still stops the stacking, and a parameter of another shape put in afterwards
+    makes the stacked pass fail naming the shapes (nipflow never replaces parameters)."""
+    agents, bodies, inputs, _ = _bodies_and_inputs(tmp_path, 1, False)
+    assert stacked.can_stack(bodies)
+    assert all(body in stacked._parameter_shapes for body in bodies)
+    remembered = [stacked._parameter_shapes[body] for body in bodies]
+    stacked_bodies_forward(bodies, *inputs)
+    assert stacked.can_stack(bodies)
+    assert all(stacked._parameter_shapes[body] is shapes for body, shapes in zip(bodies, remembered))  # not walked again
+
+    layer = bodies[1].transformer.layers[0]
+    layer.norm_first = True
+    assert not stacked.can_stack(bodies)
+    layer.norm_first = False
+    assert stacked.can_stack(bodies)
+
+    linear = bodies[1].representation_encoder
+    linear.weight = torch.nn.Parameter(torch.zeros(linear.weight.shape[0] + 1, linear.weight.shape[1]))
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        stacked_bodies_forward(bodies, *inputs)
