@@ -87,8 +87,10 @@ def _build(source: Path, cc: str, version: str) -> Path:
     errors = []
     for march in (("-march=native", "-mprefer-vector-width=512"), ("-march=native",), ()):
         flags = BASE_FLAGS + march
-        key = hashlib.sha256(b"\0".join([text, version.encode(), " ".join(flags).encode(),
-                                         _cpu_identity().encode()])).hexdigest()[:20]
+        # the compiler by its path too: two commands may report the same version and build differently
+        # (a wrapper script that adds flags, as the slow kernel tests and A/B experiments use)
+        key = hashlib.sha256(b"\0".join([text, version.encode(), (shutil.which(cc) or cc).encode(),
+                                         " ".join(flags).encode(), _cpu_identity().encode()])).hexdigest()[:20]
         target = cache_dir() / f"{source.stem}-{key}.so"
         if target.exists():
             return target

@@ -64,6 +64,24 @@ def test_a_compiler_that_refuses_the_vector_width_preference_still_builds_for_th
     assert "-march=native" in builds[1].split() and "-mprefer-vector-width=512" not in builds[1].split()
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 instruction sets")
+def test_two_compilers_of_one_version_do_not_share_a_cached_library(tmp_path, monkeypatch):
+    """A wrapper script reports its compiler's version but may build otherwise (here: for 4-wide
+    vectors); the cache tells them apart by the compiler's path, so neither loads the other's build."""
+    monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path / "cache"))
+    native = _compiler(tmp_path, "cc-native", 'exec cc "$@"')
+    narrow = _compiler(tmp_path, "cc-narrow", 'exec cc "${@/-march=native/-march=x86-64}"')
+    flags = _cpu_flags()
+    monkeypatch.setenv("CC", str(native))
+    first = build.load("self_attention", _declare)
+    monkeypatch.setenv("CC", str(narrow))
+    second = build.load("self_attention", _declare)
+    assert first is not None and second is not None
+    assert first.nip_self_attention_lanes() == (16 if "avx512f" in flags else 8 if "avx" in flags else 4)
+    assert second.nip_self_attention_lanes() == 4
+    assert len(list((tmp_path / "cache").glob("self_attention-*.so"))) == 2
+
+
 def test_the_loaded_library_is_remembered_per_cache_directory(tmp_path, monkeypatch):
     # load() runs on every kernel call: a second call in the same place builds and declares nothing
     monkeypatch.setenv(build.CACHE_VARIABLE, str(tmp_path / "a"))
