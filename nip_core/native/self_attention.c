@@ -161,3 +161,142 @@ int nip_self_attention_backward(int64_t G, int64_t L, int64_t Lq, int64_t H, int
     free(x);
     return 0;
 }
+
+/* ---- The attention with its in-projection (nip_self_attention_projected_*) ----------------------
+ *
+ * The same attention, from the tokens x (G, L, d_in) instead of their packed projection: per body k,
+ * qkv = x W_kᵀ + b_k with W (K, C, d_in) and b (K, C), C = 3 H dh, computed a block of sequences at a
+ * time in the lane layout and never written out. Sequence g belongs to body g / B (G = K B) and uses
+ * mask g % mask_batch; a block of sequences never straddles two bodies. The backward pass computes
+ * the projection again (the same arithmetic), runs the attention's backward, and from the packed
+ * gradient gives d x = d qkv W_k and the bodies' d W, d b: sums over the rows of a block per lane, the
+ * blocks in order, then over the lanes in order. float32 only; C and d_in multiples of 8. */
+
+/* Tokens projected together: each weight is loaded (broadcast) once for PT tokens (with 32 vector
+ * registers two tokens' 8 accumulators each fit; with 16, one token's). */
+#if LANES == 16
+#define PT 2
+#else
+#define PT 1
+#endif
+
+/* out[j * n_out + o] = Σ_i in[j * n_in + i] w[i * ws + o * os] (+ bias[o] after the sum) for tokens
+ * j < L and o < n_out (a multiple of 8), the sum over i in order. */
+static void project(const vf *in, int64_t L, int64_t n_in, const float *w, int64_t ws, int64_t os,
+                    const float *bias, int64_t n_out, vf *out) {
+    for (int64_t j0 = 0; j0 < L; j0 += PT) {
+        const int64_t nt = L - j0 < PT ? L - j0 : PT;
+        for (int64_t o0 = 0; o0 < n_out; o0 += 8) {
+            vf acc[PT][8];
+            for (int64_t t = 0; t < PT; t++)
+                for (int64_t u = 0; u < 8; u++) acc[t][u] = splat(0.0f);
+            for (int64_t i = 0; i < n_in; i++) {
+                const float *wi = w + i * ws + o0 * os;
+                for (int64_t t = 0; t < PT; t++) {
+                    const vf a = in[(j0 + (t < nt ? t : 0)) * n_in + i];
+                    for (int64_t u = 0; u < 8; u++) acc[t][u] += a * wi[u * os];
+                }
+            }
+            for (int64_t t = 0; t < nt; t++)
+                for (int64_t u = 0; u < 8; u++)
+                    out[(j0 + t) * n_out + o0 + u] = bias ? acc[t][u] + bias[o0 + u] : acc[t][u];
+        }
+    }
+}
+
+/* aw[c * n_in + i] += Σ_j g[j * C + c] in[j * n_in + i] and ab[c] += Σ_j g[j * C + c], per lane, the
+ * sums over j in order. */
+static void project_grads(const vf *g, const vf *in, int64_t L, int64_t C, int64_t n_in, vf *aw, vf *ab) {
+    for (int64_t c = 0; c < C; c++) {
+        for (int64_t i0 = 0; i0 < n_in; i0 += 8) {
+            vf acc[8];
+            for (int64_t u = 0; u < 8; u++) acc[u] = splat(0.0f);
+            for (int64_t j = 0; j < L; j++) {
+                const vf gj = g[j * C + c];
+                for (int64_t u = 0; u < 8; u++) acc[u] += gj * in[j * n_in + i0 + u];
+            }
+            for (int64_t u = 0; u < 8; u++) aw[c * n_in + i0 + u] += acc[u];
+        }
+        vf total = splat(0.0f);
+        for (int64_t j = 0; j < L; j++) total += g[j * C + c];
+        ab[c] += total;
+    }
+}
+
+static void lane_totals(const vf *acc, int64_t n, float *dst) {
+    for (int64_t e = 0; e < n; e++) {
+        const float *lanes = (const float *)(acc + e);
+        float total = 0.0f;
+        for (int64_t v = 0; v < LANES; v++) total += lanes[v];
+        dst[e] = total;
+    }
+}
+
+static inline int64_t blocks_per_body(int64_t B) { return (B + LANES - 1) / LANES; }
+
+int64_t nip_self_attention_projected_weights_size(int64_t K, int64_t B, int64_t L, int64_t Lq, int64_t H) {
+    return K * blocks_per_body(B) * LANES * H * Lq * L;
+}
+
+/* Returns 0, or -1 when the work buffers could not be allocated. */
+int nip_self_attention_projected_forward(int64_t K, int64_t B, int64_t L, int64_t Lq, int64_t H, int64_t dh,
+                                         int64_t d_in, const float *x, const float *w, const float *b,
+                                         const float *mask, int64_t mask_batch, float scale, float *out,
+                                         float *weights) {
+    const int64_t D = H * dh, C = 3 * D;
+    vf *xv = malloc((size_t)(L * d_in + L * C + L * L + L * D + L) * sizeof(vf));
+    if (!xv) return -1;
+    vf *xq = xv + L * d_in, *m = xq + L * C, *o = m + L * L, *s = o + L * D;
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t n = 0; n < blocks_per_body(B); n++) {
+            const int64_t g0 = k * B + n * LANES, lanes = B - n * LANES < LANES ? B - n * LANES : LANES;
+            gather(x, 0, g0, lanes, L * d_in, (float *)xv);
+            project(xv, L, d_in, w + k * C * d_in, 1, d_in, b + k * C, C, xq);  /* W_kᵀ: w[c d_in + i] */
+            for (int64_t e = 0; e < Lq * L; e++) {
+                float *mf = (float *)(m + e);
+                for (int64_t v = 0; v < LANES; v++) mf[v] = v < lanes ? mask[(g0 + v) % mask_batch * L * L + e] : 0.0f;
+            }
+            vf *w_block = (vf *)weights + (k * blocks_per_body(B) + n) * H * Lq * L;
+            if (dh == 4)
+                forward_block(L, Lq, H, 4, scale, xq, m, w_block, o, s);
+            else
+                forward_block(L, Lq, H, dh, scale, xq, m, w_block, o, s);
+            scatter((const float *)o, 0, g0, lanes, Lq * D, out);
+        }
+    free(xv);
+    return 0;
+}
+
+int nip_self_attention_projected_backward(int64_t K, int64_t B, int64_t L, int64_t Lq, int64_t H, int64_t dh,
+                                          int64_t d_in, const float *x, const float *w, const float *b,
+                                          const float *weights, float scale, const float *grad_out,
+                                          float *grad_x, float *grad_w, float *grad_b) {
+    const int64_t D = H * dh, C = 3 * D;
+    vf *xv = malloc((size_t)(2 * L * d_in + 2 * L * C + L * D + L + C * d_in + C) * sizeof(vf));
+    if (!xv) return -1;
+    vf *gxv = xv + L * d_in, *xq = gxv + L * d_in, *gq = xq + L * C, *go = gq + L * C, *dw = go + L * D;
+    vf *aw = dw + L, *ab = aw + C * d_in;
+    for (int64_t k = 0; k < K; k++) {
+        const float *wk = w + k * C * d_in;
+        memset(aw, 0, (size_t)(C * d_in + C) * sizeof(vf));
+        for (int64_t n = 0; n < blocks_per_body(B); n++) {
+            const int64_t g0 = k * B + n * LANES, lanes = B - n * LANES < LANES ? B - n * LANES : LANES;
+            gather(x, 0, g0, lanes, L * d_in, (float *)xv);  /* lanes past the end: 0, so no gradient */
+            project(xv, L, d_in, wk, 1, d_in, b + k * C, C, xq);  /* as the forward pass */
+            gather(grad_out, 0, g0, lanes, Lq * D, (float *)go);
+            memset(gq, 0, (size_t)(L * C) * sizeof(vf));
+            const vf *w_block = (const vf *)weights + (k * blocks_per_body(B) + n) * H * Lq * L;
+            if (dh == 4)
+                backward_block(L, Lq, H, 4, scale, xq, go, w_block, gq, dw);
+            else
+                backward_block(L, Lq, H, dh, scale, xq, go, w_block, gq, dw);
+            project(gq, L, C, wk, d_in, 1, NULL, d_in, gxv);  /* d x = d qkv W_k */
+            scatter((const float *)gxv, 0, g0, lanes, L * d_in, grad_x);
+            project_grads(gq, xv, L, C, d_in, aw, ab);
+        }
+        lane_totals(aw, C * d_in, grad_w + k * C * d_in);
+        lane_totals(ab, C, grad_b + k * C);
+    }
+    free(xv);
+    return 0;
+}

@@ -108,6 +108,14 @@ def _declare(library: ctypes.CDLL) -> None:
     library.nip_self_attention_forward.restype = library.nip_self_attention_backward.restype = ctypes.c_int
     library.nip_self_attention_weights_size.argtypes = [i64, i64, i64, i64]
     library.nip_self_attention_weights_size.restype = i64
+    library.nip_self_attention_projected_forward.argtypes = [i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr,
+                                                             i64, ctypes.c_float, ptr, ptr]
+    library.nip_self_attention_projected_backward.argtypes = [i64, i64, i64, i64, i64, i64, i64, ptr, ptr, ptr,
+                                                              ptr, ctypes.c_float, ptr, ptr, ptr, ptr]
+    library.nip_self_attention_projected_forward.restype = ctypes.c_int
+    library.nip_self_attention_projected_backward.restype = ctypes.c_int
+    library.nip_self_attention_projected_weights_size.argtypes = [i64, i64, i64, i64, i64]
+    library.nip_self_attention_projected_weights_size.restype = i64
 
 
 def _kernel() -> ctypes.CDLL | None:
@@ -201,3 +209,86 @@ def self_attention(qkv: Tensor, attn_mask: Tensor, num_heads: int, p_dropout: fl
         mask = attn_mask.reshape(attn_mask.shape[0], *attn_mask.shape[2:]).to(torch.float32).contiguous()
         return _NativeSelfAttention.apply(qkv.contiguous(), mask, num_heads, L if queries is None else queries)
     return _composed_self_attention(qkv, attn_mask, num_heads, p_dropout, queries)
+
+
+def _projected(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Body ``k``'s in-projection of its sequences: ``(G, L, 3 d)`` from ``x (G, L, d_in)`` (``G = K B``)."""
+    G, L, d_in = x.shape
+    K = weight.shape[0]
+    qkv = torch.baddbmm(bias.unsqueeze(1), x.reshape(K, -1, d_in), weight.transpose(1, 2))
+    return qkv.view(G, L, weight.shape[1])
+
+
+class _NativeProjectedSelfAttention(torch.autograd.Function):
+    """:func:`projected_self_attention` by the C kernel; differentiated twice through the composition."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, mask: Tensor, num_heads: int, queries: int) -> Tensor:
+        G, L, d_in = x.shape
+        K, width = weight.shape[:2]
+        d = width // 3
+        kernel = _kernel()
+        out = x.new_empty(G, queries, d)
+        weights = torch.empty(kernel.nip_self_attention_projected_weights_size(K, G // K, L, queries, num_heads),
+                              dtype=torch.float32)
+        status = kernel.nip_self_attention_projected_forward(
+            K, G // K, L, queries, num_heads, d // num_heads, d_in, x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
+            mask.data_ptr(), mask.shape[0], (d // num_heads) ** -0.5, out.data_ptr(), weights.data_ptr())
+        check_status(status, "self_attention")
+        ctx.save_for_backward(x, weight, bias, mask, weights)
+        ctx.num_heads, ctx.queries, ctx.kernel = num_heads, queries, kernel
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        x, weight, bias, mask, weights = ctx.saved_tensors
+        if torch.is_grad_enabled():  # differentiating the backward: through the composition
+            out = _composed_self_attention(_projected(x, weight, bias), mask.unsqueeze(1), ctx.num_heads, 0.0,
+                                           ctx.queries)
+            inputs = (x, weight, bias)
+            wanted = [t for t in inputs if t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, grad_out, create_graph=True))
+            return (*(next(grads) if t.requires_grad else None for t in inputs), None, None, None)
+        G, L, d_in = x.shape
+        K, width = weight.shape[:2]
+        dh = width // 3 // ctx.num_heads
+        grad_out = grad_out.to(torch.float32).contiguous()
+        grad_x, grad_weight, grad_bias = torch.empty_like(x), torch.empty_like(weight), torch.empty_like(bias)
+        status = ctx.kernel.nip_self_attention_projected_backward(
+            K, G // K, L, ctx.queries, ctx.num_heads, dh, d_in, x.data_ptr(), weight.data_ptr(), bias.data_ptr(),
+            weights.data_ptr(), dh ** -0.5, grad_out.data_ptr(), grad_x.data_ptr(), grad_weight.data_ptr(),
+            grad_bias.data_ptr())
+        check_status(status, "self_attention")
+        return grad_x, grad_weight, grad_bias, None, None, None
+
+
+def native_projected_attention_applies(x: Tensor, weight: Tensor, attn_mask: Tensor, p_dropout: float) -> bool:
+    """Whether :func:`projected_self_attention` runs the C kernel (float32 on the CPU, no autocast, no
+    dropout, projection widths in multiples of 8); else the in-projection as a batched product, then
+    :func:`self_attention`."""
+    return (x.dtype == weight.dtype == torch.float32 and not autocast_enabled(x) and weight.device.type == "cpu"
+            and weight.shape[1] % 8 == 0 and weight.shape[2] % 8 == 0 and x.shape[0] % weight.shape[0] == 0
+            and native_self_attention_applies(x, attn_mask, p_dropout))
+
+
+@torch.compiler.disable
+def projected_self_attention(x: Tensor, weight: Tensor, bias: Tensor, attn_mask: Tensor, num_heads: int,
+                             p_dropout: float, queries: int | None = None) -> Tensor:
+    """:func:`self_attention` of the in-projection ``x W_kᵀ + b_k`` of every body ``k``.
+
+    ``x`` is ``(G, L, d_in)``, ``G = K B``: the sequences of ``K`` bodies, body ``k``'s being
+    ``k B .. (k + 1) B``; ``weight`` ``(K, 3 d, d_in)`` and ``bias`` ``(K, 3 d)`` are the bodies'
+    :class:`torch.nn.MultiheadAttention` ``in_proj_weight`` and ``in_proj_bias`` stacked. The mask and
+    ``queries`` are :func:`self_attention`'s. On the CPU in float32 (no autocast, no dropout) this is one
+    C kernel that computes the projection a block of sequences at a time and never writes it out (the
+    backward pass computes it again); otherwise the projection as a batched product, then
+    :func:`self_attention`.
+    """
+    G, L, _ = x.shape
+    if queries is not None and not 1 <= queries <= L:
+        raise ValueError(f"self_attention: queries must be between 1 and the sequence length {L}, got {queries}")
+    if native_projected_attention_applies(x, weight, attn_mask, p_dropout):
+        mask = attn_mask.reshape(attn_mask.shape[0], *attn_mask.shape[2:]).to(torch.float32).contiguous()
+        return _NativeProjectedSelfAttention.apply(x.contiguous(), weight.contiguous(), bias.contiguous(), mask,
+                                                   num_heads, L if queries is None else queries)
+    return self_attention(_projected(x, weight, bias), attn_mask, num_heads, p_dropout, queries)

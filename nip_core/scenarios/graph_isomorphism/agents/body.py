@@ -14,7 +14,12 @@ from torch import Tensor, nn
 from nip_core.agents.base import AgentBody, TensorDictAgentPartMixin
 from nip_core.agents.mlp import FastTanh, activation_class, two_layer_mlp
 from nip_core.scenarios.graph_isomorphism.agents.aggregation import gin_aggregate
-from nip_core.scenarios.graph_isomorphism.agents.attention import autocast_enabled, self_attention
+from nip_core.scenarios.graph_isomorphism.agents.attention import (
+    autocast_enabled,
+    native_projected_attention_applies,
+    projected_self_attention,
+    self_attention,
+)
 from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import folded_tanh_mlp, stacked_two_layer_mlp
 from nip_core.scenarios.graph_isomorphism.agents.layer_norm import layer_norm
 
@@ -240,8 +245,14 @@ def encoder_layer_forward(layer: nn.TransformerEncoderLayer, x: Tensor, attn_mas
     p_attention = attention.dropout if layer.training else 0.0
 
     def attention_block(src: Tensor) -> Tensor:
-        qkv = torch.nn.functional.linear(src, attention.in_proj_weight, attention.in_proj_bias)
-        out = attention.out_proj(self_attention(qkv, attn_mask, H, p_attention))  # (B, L, d)
+        weight, bias = attention.in_proj_weight, attention.in_proj_bias
+        if bias is not None and native_projected_attention_applies(src, weight[None], attn_mask, p_attention):
+            # as the stacked bodies run it (agents/stacked.py)
+            attended = projected_self_attention(src, weight[None], bias[None], attn_mask, H, p_attention)
+        else:
+            qkv = torch.nn.functional.linear(src, attention.in_proj_weight, attention.in_proj_bias)
+            attended = self_attention(qkv, attn_mask, H, p_attention)
+        out = attention.out_proj(attended)  # (B, L, d)
         return torch.nn.functional.dropout(out, p_drop) if p_drop > 0 else out
 
     def feed_forward(src: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from nip_core.agents.mlp import FastTanh
 from nip_core.scenarios.graph_isomorphism.agents.aggregation import gin_aggregate
-from nip_core.scenarios.graph_isomorphism.agents.attention import self_attention
+from nip_core.scenarios.graph_isomorphism.agents.attention import projected_self_attention
 from nip_core.scenarios.graph_isomorphism.agents.body import GraphIsomorphismAgentBody, attention_mask, compute_dtype
 from nip_core.scenarios.graph_isomorphism.agents.fused_mlp import folded_tanh_mlp, stacked_two_layer_mlp
 from nip_core.scenarios.graph_isomorphism.agents.layer_norm import stacked_layer_norm
@@ -207,11 +207,10 @@ def _encoder_layer(layers: Sequence[nn.TransformerEncoderLayer], x: Tensor, attn
 
     def attention_block(group: Sequence[nn.TransformerEncoderLayer], src: Tensor, rows: int) -> Tensor:
         heads = [layer.self_attn for layer in group]
-        weight = torch.stack([a.in_proj_weight for a in heads]).transpose(1, 2)
-        bias = torch.stack([a.in_proj_bias for a in heads]).unsqueeze(1)
-        qkv = torch.baddbmm(bias, src, weight)  # (K', B L, 3 d)
-        out = self_attention(qkv.view(len(group) * B, L, 3 * d), attn_mask, H, p_attention,
-                             None if rows == L else rows).reshape(len(group), B * rows, d)
+        weight = torch.stack([a.in_proj_weight for a in heads])  # (K', 3 d, d)
+        bias = torch.stack([a.in_proj_bias for a in heads])
+        out = projected_self_attention(src.view(len(group) * B, L, d), weight, bias, attn_mask, H, p_attention,
+                                       None if rows == L else rows).reshape(len(group), B * rows, d)
         return dropout(_linear(out, [a.out_proj for a in heads]), p_drop)
 
     def feed_forward(group: Sequence[nn.TransformerEncoderLayer], src: Tensor) -> Tensor:

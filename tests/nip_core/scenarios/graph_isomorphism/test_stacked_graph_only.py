@@ -54,13 +54,13 @@ def test_only_the_last_layer_is_narrowed_and_the_attention_asks_for_two_queries(
     """Earlier layers' node tokens are the next layer's keys: every token goes through them."""
     agents, bodies, inputs, _ = _bodies_and_inputs(tmp_path, 2, False)
     calls = []
-    real = stacked.self_attention
+    real = stacked.projected_self_attention
 
-    def spy(qkv, attn_mask, num_heads, p_dropout, queries=None):
-        calls.append((qkv.shape[0], queries))
-        return real(qkv, attn_mask, num_heads, p_dropout, queries)
+    def spy(x, weight, bias, attn_mask, num_heads, p_dropout, queries=None):
+        calls.append((x.shape[0], queries))
+        return real(x, weight, bias, attn_mask, num_heads, p_dropout, queries)
 
-    monkeypatch.setattr(stacked, "self_attention", spy)
+    monkeypatch.setattr(stacked, "projected_self_attention", spy)
     B = inputs[0].shape[0]
     stacked_bodies_forward(bodies, *inputs, graph_only=[False, True])
     assert calls == [(2 * B, None), (B, None), (B, 2)]
