@@ -44,6 +44,16 @@ static inline vf load_vf(const float *p) { return *(const vf_unaligned *)p; }
 
 static inline vf lane_select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
+/* dst[i] = the sum of vector acc[i]'s lanes, in lane order (weight gradients summed per lane first). */
+static inline void lane_sums(const vf *acc, int64_t n, float *dst) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *lanes = (const float *)(acc + i);
+        float total = 0.0f;
+        for (int64_t v = 0; v < LANES; v++) total += lanes[v];
+        dst[i] = total;
+    }
+}
+
 /* Cephes' single-precision polynomial for exp(r), |r| <= ln(2) / 2. */
 static inline vf exp_poly(vf r) {
     vf p = splat(1.9875691500e-4f);

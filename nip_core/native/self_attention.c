@@ -223,15 +223,6 @@ static void project_grads(const vf *g, const vf *in, int64_t L, int64_t C, int64
     }
 }
 
-static void lane_totals(const vf *acc, int64_t n, float *dst) {
-    for (int64_t e = 0; e < n; e++) {
-        const float *lanes = (const float *)(acc + e);
-        float total = 0.0f;
-        for (int64_t v = 0; v < LANES; v++) total += lanes[v];
-        dst[e] = total;
-    }
-}
-
 static inline int64_t blocks_per_body(int64_t B) { return (B + LANES - 1) / LANES; }
 
 int64_t nip_self_attention_projected_weights_size(int64_t K, int64_t B, int64_t L, int64_t Lq, int64_t H) {
@@ -294,8 +285,8 @@ int nip_self_attention_projected_backward(int64_t K, int64_t B, int64_t L, int64
             scatter((const float *)gxv, 0, g0, lanes, L * d_in, grad_x);
             project_grads(gq, xv, L, C, d_in, aw, ab);
         }
-        lane_totals(aw, C * d_in, grad_w + k * C * d_in);
-        lane_totals(ab, C, grad_b + k * C);
+        lane_sums(aw, C * d_in, grad_w + k * C * d_in);
+        lane_sums(ab, C, grad_b + k * C);
     }
     free(xv);
     return 0;

@@ -276,15 +276,6 @@ static inline const float *const *group_rows(const void *src, int bf16, const in
     return ptr;
 }
 
-static void lane_sums(const vf *acc, int64_t n, float *dst) {
-    for (int64_t i = 0; i < n; i++) {
-        const float *lanes = (const float *)(acc + i);
-        float total = 0.0f;
-        for (int64_t v = 0; v < LANES; v++) total += lanes[v];
-        dst[i] = total;
-    }
-}
-
 int nip_mlp2_backward(int64_t K, int64_t M, int64_t din, int64_t dh, int64_t dout, const void *x, int bf16,
                       const float *w1, const float *b1, int act, const float *w2, const void *gy, void *gx,
                       float *gw1, float *gb1, float *gw2, float *gb2, const int64_t *rows, int64_t n_rows,
