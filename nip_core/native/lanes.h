@@ -54,6 +54,42 @@ static inline void lane_sums(const vf *acc, int64_t n, float *dst) {
     }
 }
 
+/* Vectors that share each broadcast weight in `project`: with 32 vector registers (AVX-512) two
+ * vectors' 8 accumulators each fit; with 16 (AVX, SSE, NEON) one vector's already fill half of
+ * them. Every lane's arithmetic is the same, in the same order, whatever NB is. */
+#if LANES == 16
+#define NB 2
+#else
+#define NB 1
+#endif
+
+/* A product with weights of any strides, in the lane layout: out[j * n_out + o] =
+ * Σ_i in[j * n_in + i] w[i * ws + o * os] (+ bias[o] after the sum, as a product with a bias term
+ * adds it) for the vectors j < L and o < n_out (a multiple of 8), the sum over i in order. A
+ * vector's 8 outputs accumulate in registers over the whole inner dimension; each weight is
+ * broadcast once for NB vectors. */
+static inline __attribute__((always_inline)) void project(const vf *in, int64_t L, int64_t n_in, const float *w, int64_t ws, int64_t os,
+                           const float *bias, int64_t n_out, vf *out) {
+    for (int64_t j0 = 0; j0 < L; j0 += NB) {
+        const int64_t nt = L - j0 < NB ? L - j0 : NB;
+        for (int64_t o0 = 0; o0 < n_out; o0 += 8) {
+            vf acc[NB][8];
+            for (int64_t t = 0; t < NB; t++)
+                for (int64_t u = 0; u < 8; u++) acc[t][u] = splat(0.0f);
+            for (int64_t i = 0; i < n_in; i++) {
+                const float *wi = w + i * ws + o0 * os;
+                for (int64_t t = 0; t < NB; t++) {
+                    const vf a = in[(j0 + (t < nt ? t : 0)) * n_in + i];
+                    for (int64_t u = 0; u < 8; u++) acc[t][u] += a * wi[u * os];
+                }
+            }
+            for (int64_t t = 0; t < nt; t++)
+                for (int64_t u = 0; u < 8; u++)
+                    out[(j0 + t) * n_out + o0 + u] = bias ? acc[t][u] + bias[o0 + u] : acc[t][u];
+        }
+    }
+}
+
 /* Cephes' single-precision polynomial for exp(r), |r| <= ln(2) / 2. */
 static inline vf exp_poly(vf r) {
     vf p = splat(1.9875691500e-4f);

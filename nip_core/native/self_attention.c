@@ -172,38 +172,6 @@ int nip_self_attention_backward(int64_t G, int64_t L, int64_t Lq, int64_t H, int
  * gradient gives d x = d qkv W_k and the bodies' d W, d b: sums over the rows of a block per lane, the
  * blocks in order, then over the lanes in order. float32 only; C and d_in multiples of 8. */
 
-/* Tokens projected together: each weight is loaded (broadcast) once for PT tokens (with 32 vector
- * registers two tokens' 8 accumulators each fit; with 16, one token's). */
-#if LANES == 16
-#define PT 2
-#else
-#define PT 1
-#endif
-
-/* out[j * n_out + o] = Σ_i in[j * n_in + i] w[i * ws + o * os] (+ bias[o] after the sum) for tokens
- * j < L and o < n_out (a multiple of 8), the sum over i in order. */
-static void project(const vf *in, int64_t L, int64_t n_in, const float *w, int64_t ws, int64_t os,
-                    const float *bias, int64_t n_out, vf *out) {
-    for (int64_t j0 = 0; j0 < L; j0 += PT) {
-        const int64_t nt = L - j0 < PT ? L - j0 : PT;
-        for (int64_t o0 = 0; o0 < n_out; o0 += 8) {
-            vf acc[PT][8];
-            for (int64_t t = 0; t < PT; t++)
-                for (int64_t u = 0; u < 8; u++) acc[t][u] = splat(0.0f);
-            for (int64_t i = 0; i < n_in; i++) {
-                const float *wi = w + i * ws + o0 * os;
-                for (int64_t t = 0; t < PT; t++) {
-                    const vf a = in[(j0 + (t < nt ? t : 0)) * n_in + i];
-                    for (int64_t u = 0; u < 8; u++) acc[t][u] += a * wi[u * os];
-                }
-            }
-            for (int64_t t = 0; t < nt; t++)
-                for (int64_t u = 0; u < 8; u++)
-                    out[(j0 + t) * n_out + o0 + u] = bias ? acc[t][u] + bias[o0 + u] : acc[t][u];
-        }
-    }
-}
-
 /* aw[c * n_in + i] += Σ_j g[j * C + c] in[j * n_in + i] and ab[c] += Σ_j g[j * C + c], per lane, the
  * sums over j in order. */
 static void project_grads(const vf *g, const vf *in, int64_t L, int64_t C, int64_t n_in, vf *aw, vf *ab) {

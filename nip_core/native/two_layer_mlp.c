@@ -27,56 +27,22 @@
  */
 #include "lanes.h"
 
-/* Register blocking: CHUNK outputs accumulate in registers over the whole inner dimension. The
- * Python side uses the kernel only where din, dh and dout are multiples of CHUNK. */
+/* Register blocking (lanes.h's `project`): 8 outputs accumulate in registers over the whole inner
+ * dimension, and NB blocks of LANES rows go through the products together. The Python side uses
+ * the kernel only where din, dh and dout are multiples of CHUNK. */
 #define CHUNK 8
 
-/* Blocks of LANES rows that go through the products together: each weight is loaded (broadcast)
- * once for NB blocks. With 32 vector registers (AVX-512) the NB * CHUNK accumulators of two
- * blocks fit; with 16 (AVX, SSE, NEON) one block's already fill half of them. Every lane's
- * arithmetic is the same, in the same order, whatever NB is. */
-#if LANES == 16
-#define NB 2
-#else
-#define NB 1
-#endif
-
-/* For each of NB blocks b: out[b][o] = Σ_i in[b][i] w[i * stride + o] + bias[o] (w scalar per
- * (i, o)), for o < n_out; block b's values start at in + b * n_in and out + b * n_out. The bias is
- * added last, as a product with a bias term (baddbmm) adds it. */
+/* For each of NB blocks b: out[b][o] = Σ_i in[b][i] w[i * stride + o] + bias[o] (block b's values
+ * start at in + b * n_in and out + b * n_out). */
 static inline void dense(const vf *in, int64_t n_in, const float *w, int64_t stride, const float *bias,
                          int64_t n_out, vf *out) {
-    for (int64_t o0 = 0; o0 < n_out; o0 += CHUNK) {
-        vf acc[NB][CHUNK];
-        for (int64_t b = 0; b < NB; b++)
-            for (int64_t j = 0; j < CHUNK; j++) acc[b][j] = splat(0.0f);
-        for (int64_t i = 0; i < n_in; i++) {
-            const float *wi = w + i * stride + o0;
-            for (int64_t b = 0; b < NB; b++) {
-                const vf a = in[b * n_in + i];
-                for (int64_t j = 0; j < CHUNK; j++) acc[b][j] += a * wi[j];
-            }
-        }
-        for (int64_t b = 0; b < NB; b++)
-            for (int64_t j = 0; j < CHUNK; j++) out[b * n_out + o0 + j] = acc[b][j] + bias[o0 + j];
-    }
+    project(in, NB, n_in, w, stride, 1, bias, n_out, out);
 }
 
 /* For each of NB blocks: out[o] = Σ_i in[i] w[o * stride + i], the product with the transposed
  * weights (blocks laid out as in dense). */
 static inline void dense_t(const vf *in, int64_t n_in, const float *w, int64_t stride, int64_t n_out, vf *out) {
-    for (int64_t o0 = 0; o0 < n_out; o0 += CHUNK) {
-        vf acc[NB][CHUNK];
-        for (int64_t b = 0; b < NB; b++)
-            for (int64_t j = 0; j < CHUNK; j++) acc[b][j] = splat(0.0f);
-        for (int64_t i = 0; i < n_in; i++)
-            for (int64_t b = 0; b < NB; b++) {
-                const vf a = in[b * n_in + i];
-                for (int64_t j = 0; j < CHUNK; j++) acc[b][j] += a * w[(o0 + j) * stride + i];
-            }
-        for (int64_t b = 0; b < NB; b++)
-            for (int64_t j = 0; j < CHUNK; j++) out[b * n_out + o0 + j] = acc[b][j];
-    }
+    project(in, NB, n_in, w, 1, stride, NULL, n_out, out);
 }
 
 static inline void activate(const vf *z, int64_t n, int act, vf *h) {
