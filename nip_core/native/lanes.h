@@ -296,22 +296,31 @@ static inline void scatter_tile(const float *src, float *const *row) {
 }
 #endif
 
+/* dst[e][v] = row[v][e] for e < n and v < lanes, the float32 rows anywhere in memory (row[v] for
+ * v >= lanes is not read); lanes past `lanes` are 0. Whole tiles go through the register transpose
+ * when every lane has a row. */
+static inline void gather_rows(const float *const *row, int64_t lanes, int64_t n, float *dst) {
+    int64_t e = 0;
+#if defined(LANES_TRANSPOSE)
+    if (lanes == LANES)
+        for (; e + LANES <= n; e += LANES) {
+            const float *tile[LANES];
+            for (int64_t v = 0; v < LANES; v++) tile[v] = row[v] + e;
+            gather_tile(tile, dst + e * LANES);
+        }
+#endif
+    for (; e < n; e++)
+        for (int64_t v = 0; v < LANES; v++) dst[e * LANES + v] = v < lanes ? row[v][e] : 0.0f;
+}
+
 /* dst[e][v] = row (g0 + v) of src, element e (rows of n values); lanes past the end are 0.
  * Element by element across the rows, so that every store fills a whole vector; bf16 rows are
  * converted a chunk of each row at a time first. */
 static inline void gather(const void *src, int bf16, int64_t g0, int64_t lanes, int64_t n, float *dst) {
     if (lanes == LANES && !bf16) {
-        const float *rows = (const float *)src + g0 * n;
-        int64_t e = 0;
-#if defined(LANES_TRANSPOSE)
-        for (; e + LANES <= n; e += LANES) {  /* whole tiles of LANES elements */
-            const float *row[LANES];
-            for (int64_t v = 0; v < LANES; v++) row[v] = rows + v * n + e;
-            gather_tile(row, dst + e * LANES);
-        }
-#endif
-        for (; e < n; e++)
-            for (int64_t v = 0; v < LANES; v++) dst[e * LANES + v] = rows[v * n + e];
+        const float *row[LANES];
+        for (int64_t v = 0; v < LANES; v++) row[v] = (const float *)src + (g0 + v) * n;
+        gather_rows(row, LANES, n, dst);
     } else if (lanes == LANES) {
         const uint16_t *rows = (const uint16_t *)src + g0 * n;
         float chunk[LANES * CONVERT_CHUNK];

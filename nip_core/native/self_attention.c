@@ -112,6 +112,15 @@ static inline __attribute__((always_inline)) void backward_block(int64_t L, int6
     }
 }
 
+/* The block's masks in the lane layout: the first Lq rows of sequence g0 + v's (L, L) mask, mask
+ * (g0 + v) % mask_batch, in lane v (0 past the block's lanes). */
+static inline void gather_masks(const float *mask, int64_t mask_batch, int64_t g0, int64_t lanes, int64_t L,
+                                int64_t Lq, vf *m) {
+    const float *row[LANES];
+    for (int64_t v = 0; v < lanes; v++) row[v] = mask + (g0 + v) % mask_batch * L * L;
+    gather_rows(row, lanes, Lq * L, (float *)m);
+}
+
 /* Returns 0, or -1 when the work buffers could not be allocated. */
 int nip_self_attention_forward(int64_t G, int64_t L, int64_t Lq, int64_t H, int64_t dh, const void *qkv,
                                int bf16, const float *mask, int64_t mask_batch, float scale, void *out,
@@ -123,12 +132,7 @@ int nip_self_attention_forward(int64_t G, int64_t L, int64_t Lq, int64_t H, int6
     for (int64_t g0 = 0; g0 < G; g0 += LANES) {
         const int64_t lanes = G - g0 < LANES ? G - g0 : LANES;
         gather(qkv, bf16, g0, lanes, L * C, (float *)x);
-        const float *mv[LANES];
-        for (int64_t v = 0; v < LANES; v++) mv[v] = v < lanes ? mask + (g0 + v) % mask_batch * L * L : NULL;
-        for (int64_t e = 0; e < Lq * L; e++) {
-            float *mf = (float *)(m + e);
-            for (int64_t v = 0; v < LANES; v++) mf[v] = mv[v] ? mv[v][e] : 0.0f;
-        }
+        gather_masks(mask, mask_batch, g0, lanes, L, Lq, m);
         vf *w_block = (vf *)weights + g0 / LANES * H * Lq * L;
         if (dh == 4)
             forward_block(L, Lq, H, 4, scale, x, m, w_block, o, s);
@@ -211,10 +215,7 @@ int nip_self_attention_projected_forward(int64_t K, int64_t B, int64_t L, int64_
             const int64_t g0 = k * B + n * LANES, lanes = B - n * LANES < LANES ? B - n * LANES : LANES;
             gather(x, 0, g0, lanes, L * d_in, (float *)xv);
             project(xv, L, d_in, w + k * C * d_in, 1, d_in, b + k * C, C, xq);  /* W_kᵀ: w[c d_in + i] */
-            for (int64_t e = 0; e < Lq * L; e++) {
-                float *mf = (float *)(m + e);
-                for (int64_t v = 0; v < LANES; v++) mf[v] = v < lanes ? mask[(g0 + v) % mask_batch * L * L + e] : 0.0f;
-            }
+            gather_masks(mask, mask_batch, g0, lanes, L, Lq, m);
             vf *w_block = (vf *)weights + (k * blocks_per_body(B) + n) * H * Lq * L;
             if (dh == 4)
                 forward_block(L, Lq, H, 4, scale, xq, m, w_block, o, s);
