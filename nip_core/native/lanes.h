@@ -67,9 +67,11 @@ static inline void lane_sums(const vf *acc, int64_t n, float *dst) {
  * Σ_i in[j * n_in + i] w[i * ws + o * os] (+ bias[o] after the sum, as a product with a bias term
  * adds it) for the vectors j < L and o < n_out (a multiple of 8), the sum over i in order. A
  * vector's 8 outputs accumulate in registers over the whole inner dimension; each weight is
- * broadcast once for NB vectors. */
-static inline __attribute__((always_inline)) void project(const vf *in, int64_t L, int64_t n_in, const float *w, int64_t ws, int64_t os,
-                           const float *bias, int64_t n_out, vf *out) {
+ * broadcast once for NB vectors. Always inlined, so that each caller's constant strides and L fold
+ * in (left to itself, GCC moved other helpers out of line in the MLP kernel: ~4 % slower). */
+static inline __attribute__((always_inline)) void project(const vf *in, int64_t L, int64_t n_in, const float *w,
+                                                          int64_t ws, int64_t os, const float *bias, int64_t n_out,
+                                                          vf *out) {
     for (int64_t j0 = 0; j0 < L; j0 += NB) {
         const int64_t nt = L - j0 < NB ? L - j0 : NB;
         for (int64_t o0 = 0; o0 < n_out; o0 += 8) {
@@ -217,7 +219,7 @@ static inline void float_to_bf16_n(const float *src, int64_t n, uint16_t *dst) {
  * then 64-bit unpacks), which leaves column 4 L + c of those rows in lane L of vector 4 g + c;
  * then the 4 x 4 lanes of vectors c, 4 + c, 8 + c, 12 + c are transposed (two rounds of
  * shuf_f32x4). Its own inverse. */
-static inline void transpose16(const __m512 *in, __m512 *out) {
+static inline __attribute__((always_inline)) void transpose16(const __m512 *in, __m512 *out) {
     __m512 u[16];
     for (int g = 0; g < 4; g++) {
         const __m512 t0 = _mm512_unpacklo_ps(in[4 * g], in[4 * g + 1]);
@@ -252,7 +254,7 @@ typedef __m512 tile_vec;
  * Rows 2g, 2g + 1 are interleaved within each 128-bit lane (unpacks), then pairs of those
  * (shufps), which leaves columns c and 4 + c of rows 4h .. 4h + 3 in the two halves of vector
  * 4h + c; permute2f128 joins the halves. Its own inverse. */
-static inline void transpose8(const __m256 *in, __m256 *out) {
+static inline __attribute__((always_inline)) void transpose8(const __m256 *in, __m256 *out) {
     __m256 t[8], u[8];
     for (int g = 0; g < 4; g++) {
         t[2 * g] = _mm256_unpacklo_ps(in[2 * g], in[2 * g + 1]);
@@ -280,7 +282,7 @@ typedef __m256 tile_vec;
 #if defined(LANES_TRANSPOSE)
 /* dst[e][v] = row[v][e] for e < LANES (each row LANES floats where it lies): one tile through the
  * register transpose of this instruction set. */
-static inline void gather_tile(const float *const *row, float *dst) {
+static inline __attribute__((always_inline)) void gather_tile(const float *const *row, float *dst) {
     tile_vec in[LANES], out[LANES];
     for (int v = 0; v < LANES; v++) in[v] = TILE_LOAD(row[v]);
     TILE_TRANSPOSE(in, out);
@@ -288,7 +290,7 @@ static inline void gather_tile(const float *const *row, float *dst) {
 }
 
 /* row[v][e] = src[e][v] for e < LANES: the inverse of gather_tile. */
-static inline void scatter_tile(const float *src, float *const *row) {
+static inline __attribute__((always_inline)) void scatter_tile(const float *src, float *const *row) {
     tile_vec in[LANES], out[LANES];
     for (int e = 0; e < LANES; e++) in[e] = TILE_LOAD(src + e * LANES);
     TILE_TRANSPOSE(in, out);
@@ -298,8 +300,11 @@ static inline void scatter_tile(const float *src, float *const *row) {
 
 /* dst[e][v] = row[v][e] for e < n and v < lanes, the float32 rows anywhere in memory (row[v] for
  * v >= lanes is not read); lanes past `lanes` are 0. Whole tiles go through the register transpose
- * when every lane has a row. */
-static inline void gather_rows(const float *const *row, int64_t lanes, int64_t n, float *dst) {
+ * when every lane has a row. This and the tile functions above are always inlined: left to GCC,
+ * each change to the kernels around them moved them in or out of line, and the MLP kernel's
+ * timing with them. */
+static inline __attribute__((always_inline)) void gather_rows(const float *const *row, int64_t lanes, int64_t n,
+                                                              float *dst) {
     int64_t e = 0;
 #if defined(LANES_TRANSPOSE)
     if (lanes == LANES)

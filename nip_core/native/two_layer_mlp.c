@@ -77,24 +77,15 @@ static inline int64_t row_index(const int64_t *rows, int64_t p) { return rows ? 
 /* gather (lanes.h) of the block of `lanes` computed rows from position p of an (M, n) tensor; with
  * a row list, float32 rows are read in place, bfloat16 ones first copied together into tmp (LANES
  * rows of n values). */
-static inline void gather_block(const void *src, int bf16, const int64_t *rows, int64_t p, int64_t lanes, int64_t n,
-                                void *tmp, float *dst) {
+static inline __attribute__((always_inline)) void gather_block(const void *src, int bf16, const int64_t *rows,
+                                                               int64_t p, int64_t lanes, int64_t n, void *tmp,
+                                                               float *dst) {
     if (!rows) {
         gather(src, bf16, p, lanes, n, dst);
     } else if (!bf16) {
         const float *row[LANES];
-        for (int64_t v = 0; v < LANES; v++) row[v] = (const float *)src + rows[p + (v < lanes ? v : 0)] * n;
-        int64_t e = 0;
-#if defined(LANES_TRANSPOSE)
-        if (lanes == LANES)
-            for (; e + LANES <= n; e += LANES) {  /* whole tiles of LANES elements */
-                const float *tile[LANES];
-                for (int64_t v = 0; v < LANES; v++) tile[v] = row[v] + e;
-                gather_tile(tile, dst + e * LANES);
-            }
-#endif
-        for (; e < n; e++)
-            for (int64_t v = 0; v < LANES; v++) dst[e * LANES + v] = v < lanes ? row[v][e] : 0.0f;
+        for (int64_t v = 0; v < lanes; v++) row[v] = (const float *)src + rows[p + v] * n;
+        gather_rows(row, lanes, n, dst);
     } else {
         for (int64_t v = 0; v < lanes; v++)
             memcpy((uint16_t *)tmp + v * n, (const uint16_t *)src + rows[p + v] * n, (size_t)n * 2);
@@ -103,8 +94,9 @@ static inline void gather_block(const void *src, int bf16, const int64_t *rows, 
 }
 
 /* scatter (lanes.h) of a block to the computed rows from position p (bfloat16 ones through tmp). */
-static inline void scatter_block(const float *src, int bf16, const int64_t *rows, int64_t p, int64_t lanes,
-                                 int64_t n, void *tmp, void *dst) {
+static inline __attribute__((always_inline)) void scatter_block(const float *src, int bf16, const int64_t *rows,
+                                                                int64_t p, int64_t lanes, int64_t n, void *tmp,
+                                                                void *dst) {
     if (!rows) {
         scatter(src, bf16, p, lanes, n, dst);
     } else if (!bf16) {
