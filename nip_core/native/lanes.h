@@ -1,7 +1,8 @@
 /* What the kernels of nip_core/native share: LANES-wide float vectors (GCC/Clang vector
  * extensions, so the compiler picks the instructions: AVX-512, AVX2 or NEON), a vectorised exp,
- * bfloat16 conversions, and the transposes between rows in memory and blocks whose every value
- * is a vector of LANES numbers, one per row.
+ * bfloat16 conversions, the transposes between rows in memory and blocks whose every value is a
+ * vector of LANES numbers, one per row, and the register-blocked product on such blocks
+ * (`project`, the MLP kernel's layers and the attention kernel's in-projection).
  */
 #ifndef NIP_NATIVE_LANES_H
 #define NIP_NATIVE_LANES_H
